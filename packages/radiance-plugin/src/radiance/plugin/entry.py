@@ -45,6 +45,12 @@ def _disabled() -> set[str]:
     return {p.strip() for p in raw.split(",") if p.strip()}
 
 
+def _process_name() -> str:
+    import multiprocessing
+
+    return multiprocessing.current_process().name
+
+
 def _run_hook(package: str, hook: str, target: str) -> None:
     module_name, func_name = target.split(":")
     try:
@@ -70,7 +76,9 @@ def register() -> None:
         if _registered:
             return
         _registered = True
-        logger.info("radiance plugin loaded (pid %d)", os.getpid())
+        logger.info(
+            "radiance plugin loaded (pid %d, process %s)", os.getpid(), _process_name()
+        )
         disabled = _disabled()
         for package, hook, target in INSTALL_ORDER:
             if package in disabled:
@@ -78,3 +86,11 @@ def register() -> None:
                 logger.info("radiance-%s %s skipped: disabled by RADIANCE_DISABLE", package, hook)
                 continue
             _run_hook(package, hook, target)
+
+
+def _reset() -> None:
+    """Forget that this process registered (tests only: a real process registers once)."""
+    global _registered
+    with _lock:
+        _registered = False
+    record.clear()

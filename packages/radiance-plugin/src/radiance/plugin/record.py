@@ -38,8 +38,9 @@ def as_dicts() -> list[dict]:
     return [asdict(e) for e in entries()]
 
 
-def lines() -> list[str]:
-    rows = entries()
+def lines(rows: list[Entry] | None = None) -> list[str]:
+    """Aligned report lines for ``rows`` (default: this process's record)."""
+    rows = entries() if rows is None else rows
     if not rows:
         return ["radiance install record: nothing ran in this process"]
     width = max(len(f"{e.package}.{e.hook}") for e in rows)
