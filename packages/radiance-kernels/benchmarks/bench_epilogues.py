@@ -1,0 +1,190 @@
+"""The three epilogue kernels vs torch.compile of their reference chains, on the GPU.
+
+Times are medians of CUDA-graph replays: each graph holds CALLS calls on rotating input sets
+(together larger than L2 where the size allows), divided by CALLS. The baseline is the reference
+chain compiled once per (op, group, K) with M dynamic (what vLLM's traced graph does), with the
+recompile limit raised and fullgraph=True, so what is timed is compiled code, never eager.
+
+    python benchmarks/bench_epilogues.py --out benchmarks/results/epilogues
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import statistics
+import sys
+
+import torch
+
+OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
+KS = (2048, 4096, 5120, 8192)
+MS = (8192, 512, 64, 8, 1)  # largest first: the dynamic-M compile sees the big hint first
+L2_BYTES = 60 << 20
+EPS = 1e-6
+# Variants timed alongside the heuristic (vpt, threads per row, rows per block).
+VARIANTS = {"vpt8_tpr64x2": (8, 64, 2), "vpt2_wide": (2, 0, 1)}
+
+
+def inputs(op, m, k, g):
+    r = lambda *s, sc=1.0: (torch.randn(*s, generator=g, device="cuda") * sc).to(torch.bfloat16)
+    if op == "add_rms_quant":
+        return (r(m, k), r(m, k), (1 + r(k, sc=0.1).float()).to(torch.bfloat16), EPS)
+    if op == "silu_mul_quant":
+        return (r(m, 2 * k, sc=2.0),)
+    return (r(m, k), r(m, k), (1 + r(128, sc=0.1).float()).to(torch.bfloat16), EPS)
+
+
+def required_bytes(op, m, k, group):
+    scale = 4 * m * (k // group if group else 1)
+    if op == "add_rms_quant":
+        return m * k * (2 + 2 + 2 + 1) + 2 * k + scale
+    if op == "silu_mul_quant":
+        return m * k * (4 + 1) + scale
+    return m * k * (2 + 2 + 1) + 256 + scale
+
+
+def graph_time_us(fn, sets, calls=None):
+    calls = calls or max(len(sets), 20)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for a in sets[:2]:
+            fn(*a)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*sets[i % len(sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        graph.replay()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) * 1000.0 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_epilogues: no CUDA GPU, nothing to time")
+        return 0
+    from radiance.kernels import library, ops, reference
+    lib = library.get()
+    if lib is None:
+        print(f"bench_epilogues: kernel library unavailable: {library.why_not()}")
+        return 1
+    raw = lib._lib
+    raw.radiance_set_launch_config.argtypes = [__import__("ctypes").c_int] * 4
+    import torch._dynamo as dynamo
+    dynamo.config.recompile_limit = 64
+    dynamo.config.cache_size_limit = 64
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    results = []
+    for op_i, op in enumerate(OPS):
+        for group in (0, 128):
+            for k in KS:
+                kern = lambda *a, _op=op, _g=group: getattr(ops, _op)(*a, group=_g)
+                ref = lambda *a, _op=op, _g=group: getattr(reference, _op)(*a, group=_g)
+                compiled = torch.compile(ref, fullgraph=True, dynamic=None)
+                for m in MS:
+                    per_set = required_bytes(op, m, k, group)
+                    nsets = max(2, min(32, L2_BYTES // per_set + 1))
+                    sets = [inputs(op, m, k, g) for _ in range(nsets)]
+                    if m > 1:
+                        for a in sets:
+                            dynamo.mark_dynamic(a[0], 0)
+                            if op != "silu_mul_quant":
+                                dynamo.mark_dynamic(a[1], 0)
+                    before = dynamo.utils.counters["stats"]["unique_graphs"]
+                    compiled(*sets[0])
+                    row = {"op": op, "group": group, "K": k, "M": m, "bytes": per_set,
+                           "compiled_new_graphs": dynamo.utils.counters["stats"]["unique_graphs"] - before}
+                    row["kernel_us"] = graph_time_us(kern, sets)
+                    row["compiled_us"] = graph_time_us(compiled, sets)
+                    for name, (vpt, tpr, rpb) in VARIANTS.items():
+                        if m not in (8, 8192) or k != 4096:
+                            continue
+                        t = tpr or (k // 8) // vpt
+                        if raw.radiance_set_launch_config(op_i, vpt, t, rpb) != 0:
+                            row[f"variant_{name}_us"] = None
+                            continue
+                        try:
+                            row[f"variant_{name}_us"] = graph_time_us(kern, sets)
+                        finally:
+                            raw.radiance_set_launch_config(op_i, 0, 0, 0)
+                    row["kernel_tbps"] = per_set / row["kernel_us"] / 1e6
+                    row["compiled_tbps"] = per_set / row["compiled_us"] / 1e6
+                    row["speedup"] = row["compiled_us"] / row["kernel_us"]
+                    checks = {"not_slower": row["kernel_us"] <= row["compiled_us"]}
+                    if m <= 64:
+                        checks["le_2us"] = row["kernel_us"] <= 2.0
+                        if op == "add_rms_quant":
+                            checks["le_0.6x"] = row["kernel_us"] <= 0.6 * row["compiled_us"]
+                    if m == 8192 and k == 4096:
+                        checks["ge_3.6TBps"] = row["kernel_tbps"] >= 3.6
+                    row["checks"] = checks
+                    results.append(row)
+                    print(f"{op:15s} g{group:<3d} K={k:<5d} M={m:<5d} kernel {row['kernel_us']:8.2f} us "
+                          f"compiled {row['compiled_us']:8.2f} us  x{row['speedup']:.2f}  "
+                          f"{row['kernel_tbps']:.2f} TB/s  {'PASS' if all(checks.values()) else 'FAIL ' + str([c for c, v in checks.items() if not v])}",
+                          flush=True)
+                    del sets
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": getattr(__import__("importlib").import_module("triton"), "__version__", "absent")
+            if __import__("importlib").util.find_spec("triton") else "absent",
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lines = [f"# Epilogue kernels vs torch.compile ({meta['gpu']}, torch {meta['torch']}, CUDA {meta['cuda']}, "
+             f"Triton {meta['triton']}, {meta['date']})", "",
+             "| op | group | K | M | kernel µs | compiled µs | speedup | kernel TB/s | compiled TB/s | variants µs | checks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        var = ", ".join(f"{k[8:-3]}={v:.2f}" for k, v in r.items() if k.startswith("variant_") and v)
+        chk = " ".join(f"{c}:{'ok' if v else 'MISS'}" for c, v in r["checks"].items())
+        lines.append(f"| {r['op']} | {r['group']} | {r['K']} | {r['M']} | {r['kernel_us']:.2f} | {r['compiled_us']:.2f} | "
+                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {var} | {chk} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        for ax, op in zip(axes, OPS):
+            for group, ls in ((0, "-"), (128, "--")):
+                for k in (2048, 8192):
+                    rs = sorted((r for r in results if r["op"] == op and r["group"] == group and r["K"] == k),
+                                key=lambda r: r["M"])
+                    ms = [r["M"] for r in rs]
+                    ax.plot(ms, [r["kernel_us"] for r in rs], ls, marker="o", label=f"kernel g{group} K{k}")
+                    ax.plot(ms, [r["compiled_us"] for r in rs], ls, marker="x", label=f"compiled g{group} K{k}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(op)
+            ax.set_xlabel("M")
+            ax.set_ylabel("µs per call")
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "time_vs_m.png", dpi=120)
+    except ImportError as e:
+        print(f"no plot: {e}")
+    fails = [r for r in results if not all(r["checks"].values())]
+    print(f"\n{len(results) - len(fails)}/{len(results)} points meet every target; table in {out / 'table.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

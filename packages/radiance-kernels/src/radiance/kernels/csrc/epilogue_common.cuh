@@ -1,0 +1,258 @@
+// Shared pieces of the three epilogue kernels: the thread layout, row reductions, the group-128
+// amax and the dynamic FP8 quant + store.
+//
+// Thread layout. A block holds `rpb` rows of `tpr` threads each (tpr a multiple of 32). A row of
+// K elements is nvec = K/8 vectors of 16 bytes; thread t of a row owns vectors c = v*tpr + t for
+// v < VPT, so a warp touches 32 consecutive 16-byte vectors per step (fully coalesced) and the
+// whole row stays in registers between the reduction and the quant: one pass over memory.
+// Because tpr is a multiple of 16, the 16 consecutive lanes t = 16j..16j+15 of each step own one
+// 128-column quant group, so the group amax is a 4-step shuffle within 16 lanes.
+//
+// Quant, mirroring vLLM's QuantFP8.forward_native as torch evaluates it on the GPU:
+//   scale = max(amax * (1/FP8_MAX), 1/(FP8_MAX*512))   (tensor / python scalar is a multiply by
+//           the fp32 reciprocal in ATen's CUDA division kernel and in inductor)
+//   per token:  q = fp8(clamp(x * (1/scale)))           (reciprocal, then multiply)
+//   per group:  q = fp8(clamp(x / scale))               (true IEEE division)
+// amax propagates NaN like torch.amax: it is an unsigned max over |x|'s bit patterns, where
+// every NaN sorts above +inf.
+#pragma once
+
+#include "portability.h"
+
+namespace radiance {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWarps = kMaxThreads / 32;
+
+struct LaunchConfig {
+  int vpt;  // 16-byte vectors per thread per row (compile-time in the kernel)
+  int tpr;  // threads per row
+  int rpb;  // rows per block
+};
+
+// ---- 16-byte vectors ----------------------------------------------------------------------
+RAD_DEVICE uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+RAD_DEVICE void st16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+RAD_DEVICE void st8(void* p, uint2 v) { *reinterpret_cast<uint2*>(p) = v; }
+
+RAD_DEVICE uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+RAD_DEVICE uint32_t half_of(const uint4& v, int e) {  // 16-bit element e of 8
+  return (word_of(v, e >> 1) >> ((e & 1) * 16)) & 0xFFFFu;
+}
+
+template <bool BF16>
+RAD_DEVICE void unpack8(const uint4& v, float (&f)[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = rad_act_to_f32<BF16>(half_of(v, e));
+}
+
+// Loads 8 weights of any storage dtype (0 bf16, 1 fp16, 2 fp32) as floats.
+RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[8]) {
+  if (wdtype == 2) {
+    const float* p = reinterpret_cast<const float*>(w) + col;
+    const uint4 a = ld16(p), b = ld16(p + 4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      f[e] = rad_u2f(word_of(a, e));
+      f[e + 4] = rad_u2f(word_of(b, e));
+    }
+  } else {
+    const uint4 a = ld16(reinterpret_cast<const uint16_t*>(w) + col);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      f[e] = wdtype == 0 ? rad_bf16_to_f32(half_of(a, e)) : rad_f16_to_f32(half_of(a, e));
+  }
+}
+
+// ---- reductions ---------------------------------------------------------------------------
+// Sum over the tpr threads of one row. The warp part is a butterfly; rows wider than a warp
+// finish through shared memory, read back by every thread in the same fixed order, so all threads
+// of a row hold the identical total. `red` must be a distinct buffer per reduction in a kernel
+// (the single __syncthreads of each reduction then suffices). tpr and the loop bounds are uniform
+// over the block, so the barrier is reached by all threads.
+RAD_DEVICE float row_sum(float v, int tpr, float* red) {
+#pragma unroll
+  for (int off = RAD_WARP / 2; off > 0; off >>= 1)
+    if (off < tpr) v += rad_shfl_xor(v, off);
+  if (tpr <= RAD_WARP) return v;
+  const int warp = threadIdx.x / RAD_WARP;
+  const int lane = threadIdx.x % RAD_WARP;
+  const int wpr = tpr / RAD_WARP;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int first = (warp / wpr) * wpr;
+  float s = 0.0f;
+  for (int i = 0; i < wpr; ++i) s += red[first + i];
+  return s;
+}
+
+RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, uint32_t* red) {
+#pragma unroll
+  for (int off = RAD_WARP / 2; off > 0; off >>= 1)
+    if (off < tpr) v = max(v, rad_shfl_xor(v, off));
+  if (tpr <= RAD_WARP) return v;
+  const int warp = threadIdx.x / RAD_WARP;
+  const int lane = threadIdx.x % RAD_WARP;
+  const int wpr = tpr / RAD_WARP;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int first = (warp / wpr) * wpr;
+  uint32_t m = 0;
+  for (int i = 0; i < wpr; ++i) m = max(m, red[first + i]);
+  return m;
+}
+
+// Max over the 16 lanes that share one 128-column group.
+RAD_DEVICE uint32_t group16_max_u32(uint32_t v) {
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) v = max(v, rad_shfl_xor(v, off));
+  return v;
+}
+
+// |x| as bits of the act-dtype-rounded value (amax over the rounded output, as torch does).
+RAD_DEVICE uint32_t abs_bits(float f) { return rad_f2u(f) & 0x7FFFFFFFu; }
+
+// ---- quant --------------------------------------------------------------------------------
+RAD_DEVICE float quant_scale(uint32_t amax_bits, int fmt) {
+  // fp32 reciprocal of FP8_MAX (ATen: opmath 1/scalar; inductor: the constant 1/448 as fp32),
+  // and vLLM's python-float minimum scale 1/(FP8_MAX*512) rounded to fp32.
+  constexpr float kInvFn = 1.0f / 448.0f, kInvFnuz = 1.0f / 224.0f;
+  constexpr float kMinFn = (float)(1.0 / (448.0 * 512.0)), kMinFnuz = (float)(1.0 / (224.0 * 512.0));
+  const float inv_max = fmt == RAD_FP8_FN ? kInvFn : kInvFnuz;
+  const float min_scale = fmt == RAD_FP8_FN ? kMinFn : kMinFnuz;
+  const float s = rad_mul(rad_u2f(amax_bits), inv_max);
+  return rad_isnan(s) ? s : fmaxf(s, min_scale);             // torch.clamp keeps NaN
+}
+
+// x / s correctly rounded, from r = RN(1/s): q0 = RN(x*r) is within 1 ulp of x/s, the residual
+// x - s*q0 is exact in one FMA, and RN(q0 + residual*r) is then RN(x/s) (Markstein's theorem for
+// round-to-nearest; needs a finite s and a quotient clear of overflow, which clamped scales
+// guarantee: |x/s| <= FP8_MAX * (1 + 2^-23)). Cheaper than a full IEEE division per element;
+// callers use the plain division where s is not finite.
+RAD_DEVICE float div_by_scale(float x, float s, float r) {
+  const float q0 = rad_mul(x, r);
+  const float e = fmaf(-s, q0, x);
+  return fmaf(e, r, q0);
+}
+
+// Quantizes 8 act-dtype values (given as floats) of one vector with scale s and stores 8 codes.
+// GROUP: true division; else multiply by recip (= RN(1/s)). Fast path (NVIDIA, e4m3fn, finite
+// scale): the saturating hardware conversion; otherwise clamp + the bit-exact software cast.
+template <bool GROUP>
+RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt, void* dst) {
+  float q[8];
+  const bool finite = rad_isfinite(s);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (GROUP)
+      q[e] = finite ? div_by_scale(f[e], s, recip) : f[e] / s;
+    else
+      q[e] = rad_mul(f[e], recip);
+  }
+  uint32_t lo, hi;
+#ifndef RADIANCE_HIP
+  if (fmt == RAD_FP8_FN && finite) {
+    lo = rad_fp8_fn_pair_finite(q[0], q[1]) | (rad_fp8_fn_pair_finite(q[2], q[3]) << 16);
+    hi = rad_fp8_fn_pair_finite(q[4], q[5]) | (rad_fp8_fn_pair_finite(q[6], q[7]) << 16);
+  } else
+#endif
+  {
+    lo = hi = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      lo |= rad_fp8_clamp_encode(q[e], fmt) << (8 * e);
+      hi |= rad_fp8_clamp_encode(q[e + 4], fmt) << (8 * e);
+    }
+  }
+  st8(dst, make_uint2(lo, hi));
+}
+
+// The quant tail shared by all three ops. o[v] holds the row's output (act dtype, packed) for
+// vector c = v*tpr + t; `on[v]` says whether that vector exists. Writes q and the scale(s).
+template <int VPT, bool BF16, bool GROUP>
+RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], int t, int tpr,
+                             bool row_ok, int64_t row, int64_t K, uint8_t* q, float* scale,
+                             int fmt, uint32_t* red_max) {
+  uint32_t vmax[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    float f[8];
+    unpack8<BF16>(o[v], f);
+    uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = max(m, abs_bits(f[e]));
+    vmax[v] = on[v] ? m : 0u;
+  }
+  if (GROUP) {
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+      const float s = quant_scale(group16_max_u32(vmax[v]), fmt);
+      if (!on[v]) continue;
+      const float r = 1.0f / s;
+      const int64_t c = (int64_t)v * tpr + t;
+      if ((t & 15) == 0) scale[row * (K / 128) + c / 16] = s;
+      float f[8];
+      unpack8<BF16>(o[v], f);
+      quant_store8<true>(f, s, r, fmt, q + row * K + c * 8);
+    }
+  } else {
+    uint32_t m = 0;
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) m = max(m, vmax[v]);
+    m = row_max_u32(m, tpr, red_max);
+    const float s = quant_scale(m, fmt);
+    const float r = 1.0f / s;  // torch: scale.reciprocal()
+    if (row_ok && t == 0) scale[row] = s;
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+      if (!on[v]) continue;
+      float f[8];
+      unpack8<BF16>(o[v], f);
+      quant_store8<false>(f, s, r, fmt, q + row * K + ((int64_t)v * tpr + t) * 8);
+    }
+  }
+}
+
+RAD_DEVICE uint4 pack8(const uint32_t (&h)[8]) {
+  return make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
+                    h[6] | (h[7] << 16));
+}
+
+// Launch bound per VPT, so that each instantiation gets the registers its row slice needs with
+// no spill: VPT <= 2 serves the latency configs (up to 1024 threads, 64 registers), VPT 3-6 up to
+// 512 threads (128 registers), VPT 8 up to 256 threads (255 registers).
+template <int VPT>
+struct MaxThreads {
+  static constexpr int value = VPT <= 2 ? 1024 : VPT <= 6 ? 512 : 256;
+};
+inline int max_threads_for(int vpt) { return vpt <= 2 ? 1024 : vpt <= 6 ? 512 : 256; }
+
+}  // namespace radiance
+
+// ---- host side ----------------------------------------------------------------------------
+namespace radiance {
+
+// Op ids for the launch-config override and query (radiance_set_launch_config).
+enum OpId { kOpAddRms = 0, kOpSiluMul = 1, kOpGdnNorm = 2, kOpCount = 3 };
+
+// Defined in abi.cu.
+LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp);
+int host_warp_size();
+bool aligned(const void* p, int bytes);
+
+}  // namespace radiance
+
+// Expands `BODY` with a compile-time VPT matching cfg.vpt (1..6, 8).
+#define RAD_DISPATCH_VPT(vpt, BODY)                   \
+  switch (vpt) {                                      \
+    case 1: { constexpr int VPT = 1; BODY; } break;   \
+    case 2: { constexpr int VPT = 2; BODY; } break;   \
+    case 3: { constexpr int VPT = 3; BODY; } break;   \
+    case 4: { constexpr int VPT = 4; BODY; } break;   \
+    case 5: { constexpr int VPT = 5; BODY; } break;   \
+    case 6: { constexpr int VPT = 6; BODY; } break;   \
+    case 8: { constexpr int VPT = 8; BODY; } break;   \
+    default: return (int)rad_error_invalid_value;     \
+  }

@@ -1,0 +1,130 @@
+// Qwen3-Next GatedDeltaNet output epilogue: per-head RMSNorm x weight x silu(z) (norm before
+// gate), then dynamic FP8 quant over the whole row; one pass, one launch.
+//
+// Mirrors vLLM's RMSNormGated.forward_static (group_size None, norm_before_gate, swish) applied
+// to rows of head_dim, as eager torch runs it: everything in fp32, one rounding at the end.
+//   var  = sum_head(x*x) * (M*H / (M*N))      ATen's CUDA mean factor (1/head_dim)
+//   out  = act( ((x * rsqrtf(var + eps)) * float(w)) * (z / (1 + expf(-z))) )
+// then the quant of `out` over the row of N = H * head_dim. A head is head_dim/8 consecutive
+// lanes (the thread layout of epilogue_common.cuh), so its sum is a butterfly within them.
+#include "epilogue_common.cuh"
+
+namespace radiance {
+
+struct GdnArgs {
+  const uint16_t* x;
+  int64_t x_stride;
+  const uint16_t* z;
+  int64_t z_stride;
+  const void* weight;
+  uint8_t* q;
+  float* scale;
+  int64_t M, N;
+  float eps, mean_factor;
+  int head_lanes, wdtype, fmt, tpr, rpb;
+};
+
+template <int VPT, bool BF16, bool GROUP>
+__global__ void __launch_bounds__(MaxThreads<VPT>::value)
+    gdn_norm_quant_kernel(const GdnArgs a) {
+  __shared__ uint32_t red_max[kMaxWarps];
+  const int tpr = a.tpr;
+  const int rib = threadIdx.x / tpr;
+  const int t = threadIdx.x - rib * tpr;
+  const int64_t row = (int64_t)blockIdx.x * a.rpb + rib;
+  const bool row_ok = row < a.M;
+  const int64_t nvec = a.N / 8;
+
+  bool on[VPT];
+  uint4 xv[VPT], zv[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int64_t c = (int64_t)v * tpr + t;
+    on[v] = row_ok && c < nvec;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    xv[v] = on[v] ? ld16(a.x + row * a.x_stride + c * 8) : zero;
+    zv[v] = on[v] ? ld16(a.z + row * a.z_stride + c * 8) : zero;
+  }
+  // tpr*8 is a multiple of head_dim (tpr % 32 == 0, head_dim <= 256), so a thread sees the same
+  // 8 weights in every vector it owns.
+  float w[8];
+  load_weight8(a.weight, a.wdtype, (int64_t)(t % a.head_lanes) * 8, w);
+
+  uint4 o[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    float xf[8], zf[8];
+    unpack8<BF16>(xv[v], xf);
+    unpack8<BF16>(zv[v], zf);
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss = rad_add(ss, rad_mul(xf[e], xf[e]));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      if (off < a.head_lanes) ss += rad_shfl_xor(ss, off);
+    const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
+    uint32_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float gate = zf[e] / rad_add(1.0f, expf(-zf[e]));
+      h[e] = rad_f32_to_act<BF16>(rad_mul(rad_mul(rad_mul(xf[e], rs), w[e]), gate));
+    }
+    o[v] = pack8(h);
+  }
+  quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.N, a.q, a.scale, a.fmt, red_max);
+}
+
+template <int VPT>
+static void launch_gdn(const GdnArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
+                       rad_stream_t stream) {
+  if (bf16) {
+    if (group) gdn_norm_quant_kernel<VPT, true, true><<<grid, block, 0, stream>>>(a);
+    else gdn_norm_quant_kernel<VPT, true, false><<<grid, block, 0, stream>>>(a);
+  } else {
+    if (group) gdn_norm_quant_kernel<VPT, false, true><<<grid, block, 0, stream>>>(a);
+    else gdn_norm_quant_kernel<VPT, false, false><<<grid, block, 0, stream>>>(a);
+  }
+}
+
+}  // namespace radiance
+
+RAD_EXPORT int radiance_gdn_norm_quant(const void* x, int64_t x_stride, const void* z,
+                                       int64_t z_stride, const void* weight, int weight_dtype,
+                                       void* q, float* scale, int64_t M, int64_t N,
+                                       int64_t head_dim, float eps, int group, int act_dtype,
+                                       int fp8, void* stream) {
+  using namespace radiance;
+  const bool hd_ok = head_dim >= 8 && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
+  if (M < 0 || N <= 0 || !hd_ok || N % head_dim || (group != 0 && group != 128) ||
+      (group && N % 128) || (act_dtype != 0 && act_dtype != 1) || weight_dtype < 0 ||
+      weight_dtype > 2 || (fp8 != RAD_FP8_FN && fp8 != RAD_FP8_FNUZ) || x_stride < N ||
+      x_stride % 8 || z_stride < N || z_stride % 8 || !x || !z || !weight || !q || !scale ||
+      !aligned(x, 16) || !aligned(z, 16) || !aligned(weight, 16) || !aligned(q, 8) ||
+      !aligned(scale, 4))
+    return (int)rad_error_invalid_value;
+  if (M == 0) return 0;
+  const LaunchConfig cfg = pick_config(kOpGdnNorm, M, N / 8, host_warp_size());
+  if (cfg.vpt == 0) return (int)rad_error_invalid_value;
+  GdnArgs a;
+  a.x = static_cast<const uint16_t*>(x);
+  a.x_stride = x_stride;
+  a.z = static_cast<const uint16_t*>(z);
+  a.z_stride = z_stride;
+  a.weight = weight;
+  a.q = static_cast<uint8_t*>(q);
+  a.scale = scale;
+  a.M = M;
+  a.N = N;
+  a.eps = eps;
+  // ATen's CUDA mean over [M*H, head_dim]: float(M*H) / float(M*N).
+  a.mean_factor = (float)(M * (N / head_dim)) / (float)(M * N);
+  a.head_lanes = (int)(head_dim / 8);
+  a.wdtype = weight_dtype;
+  a.fmt = fp8;
+  a.tpr = cfg.tpr;
+  a.rpb = cfg.rpb;
+  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
+  rad_stream_t s = static_cast<rad_stream_t>(stream);
+  RAD_DISPATCH_VPT(cfg.vpt, launch_gdn<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
+  return (int)rad_get_last_error();
+}

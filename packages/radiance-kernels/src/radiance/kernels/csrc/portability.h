@@ -1,0 +1,174 @@
+// One source for CUDA (nvcc) and HIP (hipcc). Everything platform-specific lives here: the
+// runtime API names, the warp width, shuffles, 16-bit float conversions and the FP8 encoders.
+//
+// Numerics contract: every conversion below produces the same bits as PyTorch's own cast on the
+// same platform, because the kernels must equal the torch reference bit for bit.
+//  - NVIDIA: torch (sm_80+) converts float->bf16/fp16 with the hardware round-to-nearest-even
+//    instructions, so we call the same intrinsics.
+//  - HIP: the ROCm 5.2 toolchain predates HIP's bf16/fp8 types, so bf16 and FP8 are raw bits
+//    with our own round-to-nearest-even, written after c10's software conversions.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__)
+#define RADIANCE_HIP 1
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+// HIP compiles with -ffp-contract=fast by default; a fused multiply-add rounds once where torch
+// rounds twice, so contraction is switched off for every translation unit that includes us.
+#pragma clang fp contract(off)
+typedef hipStream_t rad_stream_t;
+typedef hipError_t rad_error_t;
+#define rad_success hipSuccess
+#define rad_error_invalid_value hipErrorInvalidValue
+#define rad_get_last_error hipGetLastError
+#define rad_error_string_of(code) hipGetErrorString((hipError_t)(code))
+#define rad_get_device hipGetDevice
+#define rad_device_warp_size(dev, out) hipDeviceGetAttribute((out), hipDeviceAttributeWarpSize, (dev))
+#else
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+typedef cudaStream_t rad_stream_t;
+typedef cudaError_t rad_error_t;
+#define rad_success cudaSuccess
+#define rad_error_invalid_value cudaErrorInvalidValue
+#define rad_get_last_error cudaGetLastError
+#define rad_error_string_of(code) cudaGetErrorString((cudaError_t)(code))
+#endif
+
+#define RAD_EXPORT extern "C" __attribute__((visibility("default")))
+#define RAD_DEVICE __device__ __forceinline__
+
+// Warp (wavefront) width of the code being compiled for the device: 64 on CDNA (gfx9), 32 on
+// RDNA (gfx10+, wave32 default) and NVIDIA. Host code asks the runtime instead (rad_host_warp).
+#if defined(RADIANCE_HIP) && defined(__AMDGCN_WAVEFRONT_SIZE)
+#define RAD_WARP __AMDGCN_WAVEFRONT_SIZE
+#else
+#define RAD_WARP 32
+#endif
+
+// ---- no-contraction float arithmetic ------------------------------------------------------
+// Each of these rounds once, exactly like one torch elementwise op. nvcc contracts a*b+c into an
+// FMA unless told not to; the _rn intrinsics are never contracted.
+#ifdef RADIANCE_HIP
+RAD_DEVICE float rad_mul(float a, float b) { return a * b; }
+RAD_DEVICE float rad_add(float a, float b) { return a + b; }
+#else
+RAD_DEVICE float rad_mul(float a, float b) { return __fmul_rn(a, b); }
+RAD_DEVICE float rad_add(float a, float b) { return __fadd_rn(a, b); }
+#endif
+
+RAD_DEVICE uint32_t rad_f2u(float f) { return __float_as_uint(f); }
+RAD_DEVICE float rad_u2f(uint32_t u) { return __uint_as_float(u); }
+RAD_DEVICE bool rad_isnan(float f) { return (rad_f2u(f) & 0x7FFFFFFFu) > 0x7F800000u; }
+RAD_DEVICE bool rad_isfinite(float f) { return (rad_f2u(f) & 0x7F800000u) != 0x7F800000u; }
+
+// ---- shuffles -----------------------------------------------------------------------------
+#ifdef RADIANCE_HIP
+RAD_DEVICE float rad_shfl_xor(float v, int m) { return __shfl_xor(v, m); }
+RAD_DEVICE uint32_t rad_shfl_xor(uint32_t v, int m) { return (uint32_t)__shfl_xor((int)v, m); }
+#else
+RAD_DEVICE float rad_shfl_xor(float v, int m) { return __shfl_xor_sync(0xFFFFFFFFu, v, m); }
+RAD_DEVICE uint32_t rad_shfl_xor(uint32_t v, int m) { return __shfl_xor_sync(0xFFFFFFFFu, v, m); }
+#endif
+
+// ---- 16-bit floats as raw bits ------------------------------------------------------------
+RAD_DEVICE float rad_bf16_to_f32(uint32_t h) { return rad_u2f(h << 16); }
+
+RAD_DEVICE uint32_t rad_f32_to_bf16(float f) {
+#ifdef RADIANCE_HIP
+  // c10's round_to_nearest_even (what torch on ROCm runs): NaN becomes the quiet 0x7FC0.
+  uint32_t u = rad_f2u(f);
+  if (rad_isnan(f)) return 0x7FC0u;
+  return (u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16;
+#else
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
+}
+
+RAD_DEVICE float rad_f16_to_f32(uint32_t h) {
+  return __half2float(__ushort_as_half((unsigned short)h));
+}
+RAD_DEVICE uint32_t rad_f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+template <bool BF16>
+RAD_DEVICE float rad_act_to_f32(uint32_t h) {
+  return BF16 ? rad_bf16_to_f32(h) : rad_f16_to_f32(h);
+}
+template <bool BF16>
+RAD_DEVICE uint32_t rad_f32_to_act(float f) {
+  return BF16 ? rad_f32_to_bf16(f) : rad_f32_to_f16(f);
+}
+
+// ---- FP8 e4m3 -----------------------------------------------------------------------------
+// Formats: 0 = e4m3fn (OCP; NVIDIA, RDNA4), 1 = e4m3fnuz (MI300-class).
+// The quant range is vLLM's: +-448 for fn, +-224 for fnuz (vLLM deliberately uses 224, not the
+// format's 240, on ROCm).
+#define RAD_FP8_FN 0
+#define RAD_FP8_FNUZ 1
+
+RAD_DEVICE float rad_fp8_max(int fmt) { return fmt == RAD_FP8_FN ? 448.0f : 224.0f; }
+
+// c10::detail::fp8e4m3fn_from_fp32_value, bit for bit (round to nearest even, NaN -> 0x7F|sign).
+RAD_DEVICE uint32_t rad_fp8_fn_soft(float f) {
+  uint32_t fb = rad_f2u(f);
+  const uint32_t sign = fb & 0x80000000u;
+  fb ^= sign;
+  uint32_t r;
+  if (fb >= (1087u << 20)) {
+    r = fb > 0x7F800000u ? 0x7Fu : 0x7Eu;
+  } else if (fb < (121u << 23)) {
+    const uint32_t denorm = 141u << 23;
+    fb = rad_f2u(rad_add(rad_u2f(fb), rad_u2f(denorm)));
+    r = (fb - denorm) & 0xFFu;
+  } else {
+    const uint32_t odd = (fb >> 20) & 1u;
+    fb += ((uint32_t)(7 - 127) << 23) + 0x7FFFFu;
+    fb += odd;
+    r = (fb >> 20) & 0xFFu;
+    if (r == 0x7Fu) r = 0x7Eu;
+  }
+  return r | (sign >> 24);
+}
+
+// c10::detail::fp8e4m3fnuz_from_fp32_value, bit for bit (NaN and overflow -> 0x80, no -0).
+RAD_DEVICE uint32_t rad_fp8_fnuz_soft(float f) {
+  uint32_t fb = rad_f2u(f);
+  const uint32_t sign = fb & 0x80000000u;
+  fb ^= sign;
+  if (fb >= (0x87u << 23)) return 0x80u;
+  uint32_t r;
+  if (fb < (0x78u << 23)) {
+    const uint32_t denorm = 0x8Cu << 23;
+    fb = rad_f2u(rad_add(rad_u2f(fb), rad_u2f(denorm)));
+    r = (fb - denorm) & 0xFFu;
+    if (r == 0) return 0u;
+  } else {
+    const uint32_t odd = (fb >> 20) & 1u;
+    fb += ((uint32_t)(8 - 127) << 23) + 0x7FFFFu;
+    fb += odd;
+    r = (fb >> 20) & 0xFFu;
+  }
+  return r | (sign >> 24);
+}
+
+// torch's clamp(-max, max) keeps NaN (fminf/fmaxf would not), then the format's cast.
+RAD_DEVICE uint32_t rad_fp8_clamp_encode(float v, int fmt) {
+  const float m = rad_fp8_max(fmt);
+  if (!rad_isnan(v)) v = fminf(fmaxf(v, -m), m);
+  return fmt == RAD_FP8_FN ? rad_fp8_fn_soft(v) : rad_fp8_fnuz_soft(v);
+}
+
+// Two finite values, clamp + e4m3fn cast; low byte holds a. On NVIDIA the saturating hardware
+// conversion equals torch's clamp(+-448) followed by its software cast for every finite input
+// (and for +-inf); callers use it only when no NaN can occur.
+RAD_DEVICE uint32_t rad_fp8_fn_pair_finite(float a, float b) {
+#ifdef RADIANCE_HIP
+  return rad_fp8_clamp_encode(a, RAD_FP8_FN) | (rad_fp8_clamp_encode(b, RAD_FP8_FN) << 8);
+#else
+  return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+#endif
+}

@@ -1,0 +1,103 @@
+// silu(gate) * up + dynamic FP8 quant, one pass, one launch. gu is [M, 2N]: gate columns [0, N),
+// up columns [N, 2N), rows `gu_stride` elements apart.
+//
+// Mirrors vLLM's SiluAndMul.forward_native (F.silu(gate) * up) as eager torch runs it:
+//   s   = act( g / (1 + expf(-g)) )     ATen's silu: fp32 opmath, full-precision expf, IEEE
+//                                        division, rounded to the activation dtype
+//   out = act( float(s) * float(u) )    the activation-dtype multiply rounds again
+// then the quant of `out`. expf is the same libm routine torch's kernel calls (compiled by this
+// toolkit instead of torch's; they agree unless the two libraries' expf differ).
+#include "epilogue_common.cuh"
+
+namespace radiance {
+
+struct SiluMulArgs {
+  const uint16_t* gu;
+  int64_t gu_stride;
+  uint8_t* q;
+  float* scale;
+  int64_t M, N;
+  int fmt, tpr, rpb;
+};
+
+template <int VPT, bool BF16, bool GROUP>
+__global__ void __launch_bounds__(MaxThreads<VPT>::value)
+    silu_mul_quant_kernel(const SiluMulArgs a) {
+  __shared__ uint32_t red_max[kMaxWarps];
+  const int tpr = a.tpr;
+  const int rib = threadIdx.x / tpr;
+  const int t = threadIdx.x - rib * tpr;
+  const int64_t row = (int64_t)blockIdx.x * a.rpb + rib;
+  const bool row_ok = row < a.M;
+  const int64_t nvec = a.N / 8;
+
+  bool on[VPT];
+  uint4 gv[VPT], uv[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int64_t c = (int64_t)v * tpr + t;
+    on[v] = row_ok && c < nvec;
+    const uint16_t* base = a.gu + row * a.gu_stride + c * 8;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    gv[v] = on[v] ? ld16(base) : z;
+    uv[v] = on[v] ? ld16(base + a.N) : z;
+  }
+  uint4 o[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    float g[8], u[8];
+    unpack8<BF16>(gv[v], g);
+    unpack8<BF16>(uv[v], u);
+    uint32_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float s = g[e] / rad_add(1.0f, expf(-g[e]));
+      const float sr = rad_act_to_f32<BF16>(rad_f32_to_act<BF16>(s));
+      h[e] = rad_f32_to_act<BF16>(rad_mul(sr, u[e]));
+    }
+    o[v] = pack8(h);
+  }
+  quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.N, a.q, a.scale, a.fmt, red_max);
+}
+
+template <int VPT>
+static void launch_silu_mul(const SiluMulArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
+                            rad_stream_t stream) {
+  if (bf16) {
+    if (group) silu_mul_quant_kernel<VPT, true, true><<<grid, block, 0, stream>>>(a);
+    else silu_mul_quant_kernel<VPT, true, false><<<grid, block, 0, stream>>>(a);
+  } else {
+    if (group) silu_mul_quant_kernel<VPT, false, true><<<grid, block, 0, stream>>>(a);
+    else silu_mul_quant_kernel<VPT, false, false><<<grid, block, 0, stream>>>(a);
+  }
+}
+
+}  // namespace radiance
+
+RAD_EXPORT int radiance_silu_mul_quant(const void* gu, int64_t gu_stride, void* q, float* scale,
+                                       int64_t M, int64_t N, int group, int act_dtype, int fp8,
+                                       void* stream) {
+  using namespace radiance;
+  if (M < 0 || N <= 0 || N % 8 || (group != 0 && group != 128) || (group && N % 128) ||
+      (act_dtype != 0 && act_dtype != 1) || (fp8 != RAD_FP8_FN && fp8 != RAD_FP8_FNUZ) ||
+      gu_stride < 2 * N || gu_stride % 8 || !gu || !q || !scale || !aligned(gu, 16) ||
+      !aligned(q, 8) || !aligned(scale, 4))
+    return (int)rad_error_invalid_value;
+  if (M == 0) return 0;
+  const LaunchConfig cfg = pick_config(kOpSiluMul, M, N / 8, host_warp_size());
+  if (cfg.vpt == 0) return (int)rad_error_invalid_value;
+  SiluMulArgs a;
+  a.gu = static_cast<const uint16_t*>(gu);
+  a.gu_stride = gu_stride;
+  a.q = static_cast<uint8_t*>(q);
+  a.scale = scale;
+  a.M = M;
+  a.N = N;
+  a.fmt = fp8;
+  a.tpr = cfg.tpr;
+  a.rpb = cfg.rpb;
+  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
+  rad_stream_t s = static_cast<rad_stream_t>(stream);
+  RAD_DISPATCH_VPT(cfg.vpt, launch_silu_mul<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
+  return (int)rad_get_last_error();
+}

@@ -1,0 +1,444 @@
+"""Build the kernel sources for the GPU at hand into one shared library, cache it, load it.
+
+Every ``csrc/*.cu`` is compiled on first use into a single shared library with a plain C ABI
+(raw pointers, sizes, a stream) and loaded with ctypes: no torch C++ ABI, so one build serves
+every torch version. NVIDIA: nvcc, ``-gencode`` for the device's compute capability (``sm_90a``
+on Hopper, where the arch-specific features need the ``a`` target). ROCm: hipcc with
+``--offload-arch`` set to the device's gfx name.
+
+Cache: ``$RADIANCE_CACHE_DIR`` or ``$XDG_CACHE_HOME/radiance`` or ``~/.cache/radiance``, one
+directory per (source hash, arch, compiler version, flags), created private (0700). A file lock
+makes concurrent test workers and tensor-parallel ranks build once. A cached library is loaded
+only when it and its record are owned by the current user and the record's source hash and
+library digest match; anything else is rebuilt, never loaded.
+
+A failed build is logged once with the compiler's message, the ops fall back to the reference
+and the registry says why; ``RADIANCE_STRICT=1`` raises instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from radiance.kernels import registry
+
+logger = logging.getLogger("vllm.radiance.kernels")
+
+ABI_VERSION = 1
+LIB_NAME = "libradiance_kernels.so"
+OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
+CSRC_DIR = Path(__file__).resolve().parent / "csrc"
+_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp")
+_COMMON_FLAGS = ("-O3", "-std=c++17")
+
+# The pip-installed CUDA 13 toolkit (the ``[cuda]`` extra): every wheel unpacks into one
+# CUDA_HOME-like tree, nvidia/cu13/{bin,include,lib,nvvm}.
+_PIP_NVCC = ("nvidia-cuda-nvcc", "nvidia/cu13/bin/nvcc")
+
+
+class BuildError(RuntimeError):
+    """The compiler failed, or no compiler was found; the message says which and why."""
+
+
+def strict() -> bool:
+    return os.environ.get("RADIANCE_STRICT", "0") not in ("", "0")
+
+
+def cache_root() -> Path:
+    env = os.environ.get("RADIANCE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "radiance"
+
+
+def _private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) 0700; refuse a directory another user owns."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise BuildError(f"cache directory {path} is owned by uid {st.st_uid}, not this user")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def source_files(csrc: Path | None = None) -> list[Path]:
+    """Every file the build reads (sources and headers), in a stable order."""
+    csrc = CSRC_DIR if csrc is None else csrc
+    if not csrc.is_dir():
+        return []
+    return sorted(p for p in csrc.iterdir() if p.is_file() and p.suffix in _SOURCE_SUFFIXES)
+
+
+def source_hash(files: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- toolchain
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler and the arch-independent flags it needs."""
+
+    kind: str  # "nvcc" or "hipcc"
+    path: str
+    version: str
+    flags: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def arch_flags(self, arch: str) -> list[str]:
+        if self.kind == "nvcc":
+            return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+        return ["-x", "hip", f"--offload-arch={arch}"]
+
+    def _base(self, arch: str) -> list[str]:
+        pic = ["-Xcompiler", "-fPIC"] if self.kind == "nvcc" else ["-fPIC"]
+        return [self.path, *self.arch_flags(arch), *_COMMON_FLAGS, *pic, *self.flags]
+
+    def compile_command(self, source: Path, arch: str, obj: Path) -> list[str]:
+        return [*self._base(arch), "-c", str(source), "-o", str(obj)]
+
+    def link_command(self, objects: Sequence[Path], arch: str, out: Path) -> list[str]:
+        return [*self._base(arch), "-shared", *map(str, objects), "-o", str(out)]
+
+
+def _version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    return " | ".join(lines[-2:]) if lines else "unknown"
+
+
+def _pip_nvcc() -> Path | None:
+    from importlib import metadata
+
+    dist, rel = _PIP_NVCC
+    try:
+        path = Path(metadata.distribution(dist).locate_file(rel))
+    except metadata.PackageNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def _nvcc_candidates() -> list[Path]:
+    cands: list[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            cands.append(Path(os.environ[var]) / "bin" / "nvcc")
+    which = shutil.which("nvcc")
+    if which:
+        cands.append(Path(which))
+    pip = _pip_nvcc()
+    if pip is not None:
+        cands.append(pip)
+    cands.append(Path("/usr/local/cuda/bin/nvcc"))
+    return cands
+
+
+def _nvcc_flags(nvcc: Path) -> tuple[str, ...]:
+    # nvcc.profile looks for the static runtime in <root>/lib64; the pip wheels put it in
+    # <root>/lib, so point the linker there when that is the layout.
+    root = nvcc.resolve().parent.parent
+    if not (root / "lib64").is_dir() and (root / "lib" / "libcudart_static.a").is_file():
+        return (f"-L{root / 'lib'}",)
+    return ()
+
+
+def find_nvcc() -> Toolchain | None:
+    for cand in _nvcc_candidates():
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return Toolchain("nvcc", str(cand), _version(str(cand)), _nvcc_flags(cand))
+    return None
+
+
+def find_hipcc() -> Toolchain | None:
+    cands = []
+    for var in ("ROCM_PATH", "HIP_PATH"):
+        if os.environ.get(var):
+            cands.append(Path(os.environ[var]) / "bin" / "hipcc")
+    which = shutil.which("hipcc")
+    if which:
+        cands.append(Path(which))
+    cands.append(Path("/opt/rocm/bin/hipcc"))
+    for cand in cands:
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return Toolchain("hipcc", str(cand), _version(str(cand)), (),
+                             (("HIP_PLATFORM", "amd"),))
+    return None
+
+
+def device_arch(device_index: int = 0) -> tuple[str, str]:
+    """(vendor, arch) of a visible GPU: ("cuda", "90a") / ("cuda", "89") / ("hip", "gfx942")."""
+    import torch
+
+    if torch.version.hip is not None:
+        name = torch.cuda.get_device_properties(device_index).gcnArchName
+        return "hip", name.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device_index)
+    # sm_90a: Hopper's arch-specific target (wgmma, setmaxnreg); plain sm_XY elsewhere.
+    return "cuda", f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+
+
+# --------------------------------------------------------------------------- build + cache
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    toolchain: Toolchain
+    arch: str
+    sources: tuple[Path, ...]
+    src_hash: str = field(default="")
+
+    @property
+    def key(self) -> str:
+        h = hashlib.sha256()
+        for part in (self.src_hash, self.arch, self.toolchain.kind, self.toolchain.version,
+                     " ".join(self.toolchain.flags), str(ABI_VERSION)):
+            h.update(part.encode() + b"\0")
+        return f"{self.toolchain.kind}-{self.arch}-{h.hexdigest()[:20]}"
+
+
+def make_spec(toolchain: Toolchain, arch: str, sources: Sequence[Path] | None = None) -> BuildSpec:
+    files = source_files() if sources is None else list(sources)
+    return BuildSpec(toolchain, arch, tuple(files), source_hash(files))
+
+
+def _cached_ok(lib: Path, meta: Path, spec: BuildSpec) -> str | None:
+    """None when the cached library may be loaded, else why it must be rebuilt."""
+    if not lib.is_file() or not meta.is_file():
+        return "not built yet"
+    uid = os.getuid()
+    for p in (lib, meta):
+        owner = p.stat().st_uid
+        if owner != uid:
+            return f"{p.name} is owned by uid {owner}, not this user"
+    try:
+        record = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable build record ({exc})"
+    if record.get("source_hash") != spec.src_hash:
+        return "recorded source hash does not match the sources"
+    if record.get("lib_sha256") != _file_digest(lib):
+        return "library digest does not match its build record"
+    return None
+
+
+def _run(cmd: list[str], spec: BuildSpec) -> None:
+    env = dict(os.environ, **dict(spec.toolchain.env))
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{spec.toolchain.kind} could not run: {exc}") from exc
+    if res.returncode != 0:
+        msg = (res.stderr or res.stdout).strip()
+        raise BuildError(f"{spec.toolchain.kind} failed (exit {res.returncode}):\n{msg}")
+
+
+def _compile(spec: BuildSpec, out: Path) -> None:
+    # Each source is a separate translation unit holding dozens of template instantiations;
+    # compiling them side by side, then linking, takes the build from the sum of the files'
+    # times to about the slowest one's on a machine with a core per file.
+    from concurrent.futures import ThreadPoolExecutor
+
+    sources = [p for p in spec.sources if p.suffix == ".cu"]
+    tc = spec.toolchain
+    with tempfile.TemporaryDirectory(prefix="radiance-build-") as tmp:
+        objects = [Path(tmp) / f"{p.stem}.o" for p in sources]
+        cmds = [tc.compile_command(src, spec.arch, obj) for src, obj in zip(sources, objects)]
+        logger.info("building radiance kernels (%d sources in parallel): %s",
+                    len(cmds), " ".join(cmds[0]))
+        workers = max(1, min(len(cmds), os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for fut in [pool.submit(_run, cmd, spec) for cmd in cmds]:
+                fut.result()
+        _run(tc.link_command(objects, spec.arch, out), spec)
+
+
+def _replace_foreign(path: Path) -> None:
+    """Remove a file we will not trust so the new build can take its name."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def build(spec: BuildSpec, cache: Path | None = None) -> Path:
+    """Return the path of a trusted library for ``spec``, compiling it when needed."""
+    from filelock import FileLock
+
+    if not any(p.suffix == ".cu" for p in spec.sources):
+        raise BuildError(f"no kernel sources (*.cu) in {CSRC_DIR}")
+    base = _private_dir((cache or cache_root()) / "kernels")
+    out_dir = base / spec.key
+    lib, meta = out_dir / LIB_NAME, out_dir / "build.json"
+    with FileLock(str(base / f"{spec.key}.lock"), timeout=1800):
+        out_dir.mkdir(mode=0o700, exist_ok=True)
+        why = _cached_ok(lib, meta, spec)
+        if why is None:
+            return lib
+        if why != "not built yet":
+            logger.warning("rebuilding radiance kernels in %s: %s", out_dir, why)
+        _private_dir(out_dir)
+        fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            _compile(spec, tmp)
+            _replace_foreign(lib)
+            os.replace(tmp, lib)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        record = {
+            "source_hash": spec.src_hash,
+            "lib_sha256": _file_digest(lib),
+            "arch": spec.arch,
+            "compiler": spec.toolchain.path,
+            "compiler_version": spec.toolchain.version,
+            "flags": list(spec.toolchain.flags),
+            "sources": [p.name for p in spec.sources],
+            "abi_version": ABI_VERSION,
+        }
+        tmp_meta = out_dir / ".build.json.tmp"
+        tmp_meta.write_text(json.dumps(record, indent=1))
+        _replace_foreign(meta)
+        os.replace(tmp_meta, meta)
+    return lib
+
+
+# --------------------------------------------------------------------------- the C ABI
+
+
+class KernelLibrary:
+    """The loaded library with its C functions typed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lib = lib = ctypes.CDLL(str(path))
+        c_int, c_i64, c_vp, c_f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        lib.radiance_abi_version.argtypes = []
+        lib.radiance_abi_version.restype = c_int
+        lib.radiance_error_string.argtypes = [c_int]
+        lib.radiance_error_string.restype = ctypes.c_char_p
+        version = lib.radiance_abi_version()
+        if version != ABI_VERSION:
+            raise BuildError(f"{path} has ABI version {version}, expected {ABI_VERSION}")
+        self.add_rms_quant = lib.radiance_add_rms_quant
+        self.add_rms_quant.argtypes = [c_vp, c_i64, c_vp, c_vp, c_int, c_vp, c_vp, c_vp,
+                                       c_i64, c_i64, c_f, c_int, c_int, c_int, c_int, c_vp]
+        self.add_rms_quant.restype = c_int
+        self.silu_mul_quant = lib.radiance_silu_mul_quant
+        self.silu_mul_quant.argtypes = [c_vp, c_i64, c_vp, c_vp, c_i64, c_i64,
+                                        c_int, c_int, c_int, c_vp]
+        self.silu_mul_quant.restype = c_int
+        self.gdn_norm_quant = lib.radiance_gdn_norm_quant
+        self.gdn_norm_quant.argtypes = [c_vp, c_i64, c_vp, c_i64, c_vp, c_int, c_vp, c_vp,
+                                        c_i64, c_i64, c_i64, c_f, c_int, c_int, c_int, c_vp]
+        self.gdn_norm_quant.restype = c_int
+
+    def error_string(self, code: int) -> str:
+        raw = self._lib.radiance_error_string(code)
+        return raw.decode(errors="replace") if raw else f"error {code}"
+
+
+# --------------------------------------------------------------------------- first use
+
+_lock = threading.Lock()
+_loaded: dict[str, KernelLibrary] = {}
+_failed: dict[str, str] = {}
+
+
+def _first_line(msg: str) -> str:
+    for line in msg.splitlines():
+        if "error" in line.lower():
+            return line.strip()
+    return msg.splitlines()[0].strip() if msg else "unknown error"
+
+
+def _fail(arch_key: str, reason: str, detail: str) -> None:
+    """Log once, tell the registry, or raise under RADIANCE_STRICT=1."""
+    if arch_key not in _failed:
+        _failed[arch_key] = reason
+        logger.warning("radiance kernels unavailable, the reference runs instead: %s", detail)
+        for op in OPS:
+            registry.mark_unavailable(op, reason)
+    if strict():
+        raise BuildError(detail)
+
+
+def get(device_index: int = 0) -> KernelLibrary | None:
+    """The library for a visible GPU, built on first use; None (reason in ``why_not``) if none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    vendor, arch = device_arch(device_index)
+    arch_key = f"{vendor}:{arch}"
+    lib = _loaded.get(arch_key)
+    if lib is not None or arch_key in _failed:
+        if lib is None and strict():
+            raise BuildError(_failed[arch_key])
+        return lib
+    with _lock:
+        if arch_key in _loaded:
+            return _loaded[arch_key]
+        if arch_key in _failed:
+            if strict():
+                raise BuildError(_failed[arch_key])
+            return None
+        toolchain = find_hipcc() if vendor == "hip" else find_nvcc()
+        if toolchain is None:
+            hint = ("hipcc not found (set ROCM_PATH)" if vendor == "hip" else
+                    "nvcc not found (install radiance-kernels[cuda] or set CUDA_HOME)")
+            _fail(arch_key, hint, hint)
+            return None
+        try:
+            path = build(make_spec(toolchain, arch))
+            lib = KernelLibrary(path)
+        except (BuildError, OSError) as exc:
+            _fail(arch_key, f"kernel build failed for {arch}: {_first_line(str(exc))}", str(exc))
+            return None
+        _loaded[arch_key] = lib
+        logger.info("radiance kernels loaded for %s from %s", arch, path)
+        return lib
+
+
+def why_not(device_index: int = 0) -> str | None:
+    """Why no library serves this process's GPU (None when one does)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no GPU (torch.cuda.is_available() is False): the reference runs"
+    if get(device_index) is not None:
+        return None
+    vendor, arch = device_arch(device_index)
+    return _failed.get(f"{vendor}:{arch}", "unknown")
+
+
+def _reset_for_tests() -> None:
+    with _lock:
+        _loaded.clear()
+        _failed.clear()

@@ -1,0 +1,246 @@
+"""The JIT library: cache key, trust checks, lock, failure handling, strict mode.
+
+These compile a tiny CUDA source with the real nvcc (skipped where there is none). Loading the
+result needs no GPU: the static CUDA runtime reaches for the driver only on the first CUDA
+call, and these tests call only the host-side ABI functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from radiance.kernels import library, ops, registry
+
+NVCC = library.find_nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+ARCH = "90a"
+
+GOOD = textwrap.dedent("""
+    #include <cuda_runtime.h>
+    #include <stdint.h>
+    __global__ void touch(float* p) { if (p) p[threadIdx.x] = 1.0f; }
+    extern "C" {
+    int radiance_abi_version(void) { return ABI; }
+    const char* radiance_error_string(int code) { return code ? "tiny failure" : "ok"; }
+    int radiance_add_rms_quant(const void*, int64_t, const void*, const void*, int, void*, float*,
+        void*, int64_t, int64_t, float, int, int, int, int, void*) { return 0; }
+    int radiance_silu_mul_quant(const void*, int64_t, void*, float*, int64_t, int64_t, int, int,
+        int, void*) { return 0; }
+    int radiance_gdn_norm_quant(const void*, int64_t, const void*, int64_t, const void*, int,
+        void*, float*, int64_t, int64_t, int64_t, float, int, int, int, void*) { return 0; }
+    }
+""")
+
+
+def _write(dir_: Path, text: str, abi: int = 1, name: str = "tiny.cu") -> Path:
+    dir_.mkdir(parents=True, exist_ok=True)
+    (dir_ / name).write_text(text.replace("ABI", str(abi)))
+    (dir_ / "portable.h").write_text("// header hashed with the sources\n")
+    return dir_
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count real compiler runs."""
+    calls = []
+    real = library._compile
+
+    def compile_(spec, out):
+        calls.append(spec.key)
+        real(spec, out)
+
+    monkeypatch.setattr(library, "_compile", compile_)
+    return calls
+
+
+def _spec(csrc: Path):
+    return library.make_spec(NVCC, ARCH, library.source_files(csrc))
+
+
+@needs_nvcc
+def test_build_caches_privately_and_loads(tmp_path, counted):
+    spec = _spec(_write(tmp_path / "src", GOOD))
+    cache = tmp_path / "cache"
+    lib = library.build(spec, cache)
+    assert counted == [spec.key]
+    assert stat.S_IMODE((cache / "kernels").stat().st_mode) == 0o700
+    assert stat.S_IMODE(lib.parent.stat().st_mode) == 0o700
+    record = json.loads((lib.parent / "build.json").read_text())
+    assert record["source_hash"] == spec.src_hash and record["arch"] == ARCH
+    assert record["compiler_version"] == NVCC.version
+    assert library.build(spec, cache) == lib and len(counted) == 1  # cache hit
+    loaded = library.KernelLibrary(lib)
+    assert loaded.error_string(3) == "tiny failure"
+    assert loaded.add_rms_quant(None, 0, None, None, 0, None, None, None, 0, 0, 1e-6,
+                                0, 0, 0, 0, None) == 0
+
+
+@needs_nvcc
+def test_key_changes_with_sources_arch_and_compiler(tmp_path):
+    base = _spec(_write(tmp_path / "a", GOOD))
+    header_changed = _write(tmp_path / "b", GOOD)
+    (header_changed / "portable.h").write_text("// another header\n")
+    assert library.make_spec(NVCC, ARCH, library.source_files(header_changed)).key != base.key
+    assert library.make_spec(NVCC, "89", base.sources).key != base.key
+    other = library.Toolchain(NVCC.kind, NVCC.path, NVCC.version + " patched", NVCC.flags)
+    assert library.make_spec(other, ARCH, base.sources).key != base.key
+
+
+@needs_nvcc
+def test_recorded_hash_mismatch_or_tampered_library_is_rebuilt(tmp_path, counted):
+    spec = _spec(_write(tmp_path / "src", GOOD))
+    lib = library.build(spec, tmp_path / "cache")
+    meta = lib.parent / "build.json"
+    record = json.loads(meta.read_text())
+    meta.write_text(json.dumps(dict(record, source_hash="0" * 64)))
+    assert library.build(spec, tmp_path / "cache") == lib and len(counted) == 2
+    assert json.loads(meta.read_text())["source_hash"] == spec.src_hash
+    with open(lib, "ab") as f:
+        f.write(b"\0")
+    library.build(spec, tmp_path / "cache")
+    assert len(counted) == 3
+    assert library._cached_ok(lib, meta, spec) is None
+
+
+@needs_nvcc
+@pytest.mark.skipif(os.getuid() != 0, reason="changing a file's owner needs root")
+def test_foreign_owned_library_is_rebuilt_not_loaded(tmp_path, counted):
+    spec = _spec(_write(tmp_path / "src", GOOD))
+    lib = library.build(spec, tmp_path / "cache")
+    os.chown(lib, 4242, 4242)
+    assert "owned by uid 4242" in library._cached_ok(lib, lib.parent / "build.json", spec)
+    library.build(spec, tmp_path / "cache")
+    assert len(counted) == 2 and lib.stat().st_uid == os.getuid()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="changing a directory's owner needs root")
+def test_foreign_owned_cache_dir_is_refused(tmp_path):
+    foreign = tmp_path / "cache" / "kernels"
+    foreign.mkdir(parents=True)
+    os.chown(foreign, 4242, 4242)
+    spec = library.BuildSpec(library.Toolchain("nvcc", "nvcc", "v"), ARCH, (Path("x.cu"),), "h")
+    with pytest.raises(library.BuildError, match="owned by uid 4242"):
+        library.build(spec, tmp_path / "cache")
+
+
+@needs_nvcc
+def test_parallel_builders_compile_once(tmp_path):
+    src = _write(tmp_path / "src", GOOD)
+    marker = tmp_path / "compiles.txt"
+    child = textwrap.dedent(f"""
+        from pathlib import Path
+        from radiance.kernels import library
+        real = library._compile
+        def compile_(spec, out):
+            with open({str(marker)!r}, "a") as f:
+                f.write("compiled\\n")
+            real(spec, out)
+        library._compile = compile_
+        spec = library.make_spec(library.find_nvcc(), {ARCH!r}, library.source_files(Path({str(src)!r})))
+        print(library.build(spec, Path({str(tmp_path / "cache")!r})))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=600)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(outs)) == 1
+    assert marker.read_text().count("compiled") == 1
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """Make first use run on this machine: a GPU claimed present, sm_90a, a chosen csrc."""
+    monkeypatch.setenv("RADIANCE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(library, "device_arch", lambda index=0: ("cuda", ARCH))
+    library._reset_for_tests()
+    yield lambda csrc: monkeypatch.setattr(library, "CSRC_DIR", csrc)
+    library._reset_for_tests()
+    ops._reset_decisions_for_tests()
+    for op in library.OPS:  # put the registered kernels back (registering clears the mark)
+        registry.register(op, ops.KERNEL_NAME, library.get, ops._serves)
+
+
+@needs_nvcc
+def test_first_use_builds_and_loads(fake_gpu, tmp_path):
+    fake_gpu(_write(tmp_path / "src", GOOD))
+    lib = library.get()
+    assert isinstance(lib, library.KernelLibrary) and library.get() is lib
+    assert library.why_not() is None
+    assert lib.path.is_relative_to(tmp_path / "cache")
+
+
+@needs_nvcc
+def test_wrong_abi_version_is_unavailable(fake_gpu, tmp_path):
+    fake_gpu(_write(tmp_path / "src", GOOD, abi=2))
+    assert library.get() is None
+    assert "ABI version 2, expected 1" in library.why_not()
+
+
+BAD = "__global__ void broken( { }\n"
+
+
+@needs_nvcc
+def test_build_failure_logs_once_marks_unavailable_and_reference_runs(fake_gpu, tmp_path, caplog):
+    fake_gpu(_write(tmp_path / "src", BAD, name="broken.cu"))
+    with caplog.at_level(logging.WARNING, logger="vllm.radiance.kernels"):
+        assert library.get() is None
+        assert library.get() is None
+        reason = library.why_not()
+    warnings = [r for r in caplog.records if "radiance kernels unavailable" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "nvcc failed" in warnings[0].getMessage() and "broken.cu" in warnings[0].getMessage()
+    assert reason.startswith(f"kernel build failed for {ARCH}:") and "error" in reason
+    assert registry.REGISTRY._unavailable["add_rms_quant"] == reason
+    sel = registry.select("gdn_norm_quant", device="cuda", device_index=0, dtype="bfloat16",
+                          K=4096, group=128, fp8="float8_e4m3fn")
+    assert not sel and reason in sel.reason
+
+
+@needs_nvcc
+def test_strict_raises_on_build_failure(fake_gpu, tmp_path, monkeypatch):
+    fake_gpu(_write(tmp_path / "src", BAD, name="broken.cu"))
+    monkeypatch.setenv("RADIANCE_STRICT", "1")
+    with pytest.raises(library.BuildError, match="nvcc failed"):
+        library.get()
+    with pytest.raises(library.BuildError):
+        library.get()
+
+
+def test_missing_compiler_says_how_to_get_one(fake_gpu, tmp_path, monkeypatch):
+    fake_gpu(_write(tmp_path / "src", GOOD))
+    monkeypatch.setattr(library, "find_nvcc", lambda: None)
+    assert library.get() is None
+    assert "install radiance-kernels[cuda]" in library.why_not()
+
+
+def test_pip_toolkit_layout_gets_its_library_dir(tmp_path):
+    root = tmp_path / "nvidia" / "cu13"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "lib" / "libcudart_static.a").write_bytes(b"")
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text("")
+    assert library._nvcc_flags(nvcc) == (f"-L{root / 'lib'}",)
+    (root / "lib64").mkdir()
+    assert library._nvcc_flags(nvcc) == ()
+
+
+def test_cache_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("RADIANCE_CACHE_DIR", str(tmp_path / "x"))
+    assert library.cache_root() == tmp_path / "x"
+    monkeypatch.delenv("RADIANCE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert library.cache_root() == tmp_path / "xdg" / "radiance"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert library.cache_root() == Path.home() / ".cache" / "radiance"
