@@ -1,0 +1,141 @@
+"""Per-arch launch tables: where every hardware-dependent number of the policy lives.
+
+A table is a JSON document keyed by one arch. ``aiter`` holds the overlays for AITER's
+selectors, ``triton`` the rules for radiance's launch of vLLM's Triton kernel: a ``default``
+rule plus ``classes`` (a ``match`` on head size / KV heads / dtypes, and the rule fitted for
+it). Lookup is by exact arch only, so a table fitted on one GPU never moves another's shapes.
+
+Sources, first match wins:
+1. ``RADIANCE_ATTN_TABLE=path.json`` -- serves the arch named in that file, nothing else.
+2. ``tables/<arch without underscore>.json`` shipped in this package (gfx1201.json from the
+   gfx1201 measurements; sm90.json when the tuning harness has been run on an H200).
+3. ``sm_90`` only: a provisional rule (below) until a fitted sm90.json exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+TABLE_DIR = Path(__file__).parent / "tables"
+ENV_TABLE = "RADIANCE_ATTN_TABLE"
+
+# Per-workgroup LDS/shared-memory bytes the LDS clamp budgets against.
+_LDS = {"gfx1200": 64 * 1024, "gfx1201": 64 * 1024, "gfx1100": 64 * 1024, "gfx942": 64 * 1024,
+        "gfx950": 160 * 1024, "sm_90": 227 * 1024, "sm_100": 227 * 1024, "sm_80": 163 * 1024}
+
+# PROVISIONAL sm_90 rule, used only while no fitted tables/sm90.json exists: the gfx1201 rule's
+# functional form unchanged (it is a ratio of work to parallelism, not a constant of one GPU),
+# applied to decode and verify batches of up to 8 sequences (the measured range). It is replaced
+# by the tuning harness's fit (python -m radiance.attn.tune on an H200).
+SM90_PROVISIONAL: dict[str, Any] = {
+    "arch": "sm_90",
+    "provisional": True,
+    "source": "provisional: gfx1201 rule form, not yet fitted on sm_90",
+    "triton": {
+        "default": {
+            "max_query_len": 16,
+            "max_seqs": 8,
+            "split": {"coef": 16, "exp": 1 / 3, "min": 4, "max": 128},
+            "wide": {"block_m": [64], "min_fill": 0.8, "launch": {"64": {"tile": 32, "warps": 4}}},
+        },
+        "classes": [],
+    },
+}
+
+
+def table_file(arch: str) -> Path:
+    return TABLE_DIR / f"{arch.replace('_', '')}.json"
+
+
+def validate(table: Mapping[str, Any]) -> None:
+    """Raise ValueError when a table is not usable (checked at load, never mid-launch)."""
+    if not isinstance(table, Mapping) or not isinstance(table.get("arch"), str):
+        raise ValueError("attention table must be a JSON object with a string 'arch'")
+    tri = table.get("triton")
+    if tri is not None:
+        rules = [tri.get("default")] + [c.get("rule") for c in tri.get("classes", [])]
+        for rule in rules:
+            if rule is None:
+                continue
+            split = rule.get("split")
+            if not split or not all(k in split for k in ("coef", "exp", "min", "max")):
+                raise ValueError(f"table {table['arch']}: every triton rule needs split.coef/exp/min/max")
+            if int(split["min"]) < 1 or int(split["max"]) < int(split["min"]):
+                raise ValueError(f"table {table['arch']}: split bounds {split['min']}..{split['max']} invalid")
+            for bm in (rule.get("wide") or {}).get("block_m", []):
+                if int(bm) & (int(bm) - 1):
+                    raise ValueError(f"table {table['arch']}: BLOCK_M {bm} is not a power of two")
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(path: str) -> dict:
+    with open(path) as f:
+        table = json.load(f)
+    validate(table)
+    return table
+
+
+def for_arch(arch: str) -> dict | None:
+    """The table serving ``arch``, or None (the policy then leaves everything stock)."""
+    env = os.environ.get(ENV_TABLE)
+    if env:
+        table = _load_file(env)
+        if table["arch"] == arch:
+            return table
+    path = table_file(arch)
+    if path.is_file():
+        return _load_file(str(path))
+    if arch == "sm_90":
+        return SM90_PROVISIONAL
+    return None
+
+
+def source(arch: str) -> str:
+    """Where the table for ``arch`` comes from, for the report line."""
+    env = os.environ.get(ENV_TABLE)
+    if env and _load_file(env)["arch"] == arch:
+        return f"{ENV_TABLE}={env}"
+    if table_file(arch).is_file():
+        return f"tables/{table_file(arch).name}"
+    if arch == "sm_90":
+        return "provisional sm_90 rule (no fitted table)"
+    return "none"
+
+
+def _matches(match: Mapping[str, Any], geo) -> bool:
+    for key, want in match.items():
+        have = getattr(geo, key)
+        if isinstance(want, list) and have not in want:
+            return False
+        if not isinstance(want, list) and have != want:
+            return False
+    return True
+
+
+def triton_rule(table: Mapping[str, Any], geo) -> dict | None:
+    """The Triton-launch rule for ``geo``: first matching class, else the default."""
+    tri = table.get("triton")
+    if not tri:
+        return None
+    rule = None
+    for cls in tri.get("classes", []):
+        if _matches(cls.get("match", {}), geo):
+            rule = cls["rule"]
+            break
+    rule = rule if rule is not None else tri.get("default")
+    if rule is None or geo.num_seqs > int(rule.get("max_seqs", 1 << 30)):
+        return None
+    return rule
+
+
+def lds_bytes(arch: str) -> int:
+    return _LDS.get(arch, 0)
+
+
+def copy_of(table: Mapping[str, Any]) -> dict:
+    return copy.deepcopy(dict(table))

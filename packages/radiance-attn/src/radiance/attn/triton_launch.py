@@ -1,0 +1,369 @@
+"""radiance's launch of vLLM's Triton unified-attention kernel.
+
+vLLM's wrapper (``unified_attention`` in ``vllm/v1/attention/ops/triton_unified_attention.py``)
+splits the KV only for single-token decode, always into the 16 segments its backend allocated,
+and runs every batch with ``max_seqlen_q > 1`` -- a speculative-decoding verify batch -- through
+the unsplit kernel with a 16-row query block. ``RadianceUnifiedAttention`` has the wrapper's
+signature and launches the same two kernels (``kernel_unified_attention``, ``reduce_segments``)
+with the policy's split count, BLOCK_M/BLOCK_Q, tile, warps and the grid that follows, for
+decode and verify batches; anything it does not handle goes to the stock wrapper untouched.
+
+Why split-KV is exact for verify batches: the kernel masks causally per (query row, key), each
+segment stores its running max and exp-sum, and ``reduce_segments`` (which finds a token's
+sequence in token mode) rescales and sums the partials -- the same online-softmax algebra as the
+unsplit loop, only summed in another order, so results agree to fp32 accumulation order and
+bf16 output rounding. A segment whose keys all lie after a row's position stores max 0 and
+exp-sum 0, which the reduce weighs correctly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from radiance.attn import policy, tables
+
+logger = logging.getLogger("vllm.radiance.attn")
+
+# The keyword arguments this launch understands; any other (a newer vLLM's feature) sends the
+# call to the stock wrapper.
+_KNOWN = frozenset(
+    (
+        "q k v out cu_seqlens_q max_seqlen_q seqused_k max_seqlen_k softmax_scale causal "
+        "window_size block_table softcap q_descale k_descale v_descale seq_threshold_3D "
+        "num_par_softmax_segments softmax_segm_output softmax_segm_max softmax_segm_expsum "
+        "alibi_slopes output_scale qq_bias sinks mm_prefix_range rswa_prefix_lens rswa_window "
+        "use_alibi_sqrt kv_quant_mode k_scale_cache v_scale_cache chunk_lookback use_td "
+        "mm_prefix_clamp_sliding_window"
+    ).split()
+)
+_POSITIONAL = (
+    "q k v out cu_seqlens_q max_seqlen_q seqused_k max_seqlen_k softmax_scale causal "
+    "window_size block_table softcap q_descale k_descale v_descale"
+).split()
+
+# Kernel arguments the launch passes; checked against the kernel's signature once, at install.
+KERNEL_ARGS = frozenset(
+    (
+        "output_ptr segm_output_ptr segm_max_ptr segm_expsum_ptr query_ptr key_cache_ptr "
+        "value_cache_ptr sink_ptr block_tables_ptr seq_lens_ptr alibi_slopes_ptr qq_bias_ptr "
+        "scale q_scale k_scale v_scale out_scale softcap num_query_heads num_queries_per_kv "
+        "block_table_stride query_stride_0 query_stride_1 output_stride_0 output_stride_1 "
+        "qq_bias_stride_0 BLOCK_SIZE TILE_SIZE HEAD_SIZE HEAD_SIZE_PADDED USE_ALIBI_SLOPES "
+        "USE_ALIBI_SQRT USE_QQ_BIAS USE_SOFTCAP USE_SINKS SLIDING_WINDOW USE_CAUSAL "
+        "USE_PER_SEQ_CAUSAL per_seq_causal_ptr USE_MM_PREFIX MAX_MM_RANGES mm_prefix_range_ptr "
+        "rswa_prefix_lens_ptr R_SWA_WINDOW USE_R_SWA stride_k_cache_0 stride_k_cache_1 "
+        "stride_k_cache_2 stride_k_cache_3 stride_v_cache_0 stride_v_cache_1 stride_v_cache_2 "
+        "stride_v_cache_3 query_start_len_ptr BLOCK_Q num_seqs BLOCK_M NUM_SEGMENTS_PER_SEQ "
+        "USE_FP8 IS_3D KV_QUANT_MODE Q_IS_FP8"
+    ).split()
+)
+REDUCE_ARGS = frozenset(
+    (
+        "output_ptr segm_output_ptr segm_max_ptr segm_expsum_ptr seq_lens_ptr num_seqs "
+        "num_query_heads out_scale_inv output_stride_0 output_stride_1 block_table_stride "
+        "TILE_SIZE HEAD_SIZE HEAD_SIZE_PADDED query_start_len_ptr BLOCK_Q NUM_SEGMENTS_PER_SEQ USE_FP8"
+    ).split()
+)
+
+
+def kernel_mismatch(module) -> str | None:
+    """Why ``module``'s kernels cannot take this launch, or None when they can."""
+    for name, needed in (("kernel_unified_attention", KERNEL_ARGS), ("reduce_segments", REDUCE_ARGS)):
+        kernel = getattr(module, name, None)
+        arg_names = getattr(kernel, "arg_names", None)
+        if arg_names is None:
+            return f"{name} is not a Triton kernel here (no Triton backend on this platform)"
+        missing = sorted(needed - set(arg_names))
+        if missing:
+            return f"{name} lacks arguments {missing} (vLLM changed its kernel)"
+    return None
+
+
+def dtype_name(dtype) -> str:
+    import torch
+
+    if dtype in (torch.bfloat16,):
+        return "bf16"
+    if dtype in (torch.float16,):
+        return "fp16"
+    if dtype in (torch.float32,):
+        return "fp32"
+    if dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2):
+        return "fp8"
+    raise TypeError(f"unsupported attention dtype {dtype}")
+
+
+def detect_arch(device=None) -> str | None:
+    """'sm_90', 'gfx1201', ... for the current GPU, or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    if torch.version.hip is not None:
+        return str(getattr(props, "gcnArchName", "")).split(":")[0] or None
+    return f"sm_{props.major}{props.minor}"
+
+
+class RadianceUnifiedAttention:
+    """Drop-in for vLLM's ``unified_attention`` wrapper (same signature)."""
+
+    _radiance = True
+
+    def __init__(self, kernel_module, stock: Callable | None = None, *, arch: str | None = None,
+                 table: dict | None = None, num_sms: int | None = None) -> None:
+        why = kernel_mismatch(kernel_module)
+        if why is not None:
+            raise ValueError(why)
+        self.module = kernel_module
+        self.stock = stock if stock is not None else kernel_module.unified_attention
+        self._arch = arch
+        self._table = table
+        self._num_sms = num_sms
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+        self.last_decision: tuple[policy.Geometry | None, policy.TritonLaunch | None, str] | None = None
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def _device_facts(self, device) -> tuple[str | None, int]:
+        if self._arch is None or self._num_sms is None:
+            import torch
+
+            if device.type == "cuda":
+                props = torch.cuda.get_device_properties(device)
+                self._arch = self._arch or detect_arch(device)
+                self._num_sms = self._num_sms or int(props.multi_processor_count)
+            else:
+                self._num_sms = self._num_sms or 0
+        return self._arch, int(self._num_sms or 0)
+
+    def _unsupported(self, kw: dict) -> str | None:
+        if kw.get("causal", True) is not True:
+            return "non-causal or per-sequence causal"
+        for name in ("alibi_slopes", "qq_bias", "mm_prefix_range", "rswa_prefix_lens", "k_scale_cache"):
+            if kw.get(name) is not None:
+                return name
+        if int(kw.get("kv_quant_mode", 0)) not in (0, 1):
+            return f"kv_quant_mode {int(kw['kv_quant_mode'])}"
+        if kw.get("use_td"):
+            return "tensor descriptors"
+        window = kw["window_size"]
+        if window is not None and window[0] >= 0:
+            return "sliding window"
+        if getattr(self.module, "is_batch_invariant", False):
+            return "batch invariance"
+        q = kw["q"]
+        if q.dim() != 3 or kw["k"].dim() != 4:
+            return "unexpected tensor ranks"
+        return None
+
+    def decide(self, kw: dict) -> tuple[policy.Geometry | None, policy.TritonLaunch | None, str]:
+        """(geometry, launch or None for stock, reason) for one call's keyword arguments."""
+        why = self._unsupported(kw)
+        if why is not None:
+            return None, None, f"stock: {why}"
+        q, k, seqused_k = kw["q"], kw["k"], kw["seqused_k"]
+        arch, num_sms = self._device_facts(q.device)
+        if arch is None:
+            return None, None, "stock: no GPU arch"
+        head_padded = policy.next_pow2(q.shape[2])
+        scratch = 0
+        segm = (kw.get("softmax_segm_output"), kw.get("softmax_segm_max"), kw.get("softmax_segm_expsum"))
+        if all(t is not None for t in segm) and all(_usable_scratch(t, q.device) for t in segm):
+            units = min(segm[0].numel() // head_padded, segm[1].numel(), segm[2].numel())
+            scratch = units * head_padded * 4
+        if scratch == 0:
+            return None, None, "stock: no segment scratch"
+        geo = policy.Geometry(
+            arch=arch,
+            head_size=int(q.shape[2]),
+            num_query_heads=int(q.shape[1]),
+            num_kv_heads=int(k.shape[2]),
+            num_tokens=int(q.shape[0]),
+            num_seqs=int(seqused_k.shape[0]),
+            max_seqlen_q=int(kw["max_seqlen_q"]),
+            max_seqlen_k=int(kw["max_seqlen_k"]),
+            q_dtype=dtype_name(q.dtype),
+            kv_dtype=dtype_name(k.dtype),
+            block_size=int(kw["v"].shape[1]),
+            num_sms=num_sms,
+            scratch_bytes=scratch,
+        )
+        table = self._table if self._table is not None else tables.for_arch(arch)
+        launch = policy.triton_launch(geo, table)
+        if launch is None:
+            return geo, None, "stock: policy keeps the stock launch"
+        return geo, launch, launch.reason
+
+    # -- the call ------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        if args:
+            if len(args) > len(_POSITIONAL):
+                return self.stock(*args, **kwargs)
+            kwargs = {**dict(zip(_POSITIONAL, args)), **kwargs}
+        if not _KNOWN.issuperset(kwargs) or not all(n in kwargs for n in _POSITIONAL):
+            return self.stock(**kwargs)
+        try:
+            geo, launch, reason = self.decide(kwargs)
+        except (TypeError, ValueError, AttributeError, IndexError) as exc:
+            geo, launch, reason = None, None, f"stock: unexpected input ({type(exc).__name__}: {exc})"
+        self.last_decision = (geo, launch, reason)
+        self._log_first(kwargs, geo, launch, reason)
+        if launch is None:
+            return self.stock(**kwargs)
+        self.launch(kwargs, launch)
+        return None
+
+    def _log_first(self, kw, geo, launch, reason) -> None:
+        kind = "verify" if int(kw["max_seqlen_q"]) > 1 else "decode"
+        if kind in self._logged:
+            return
+        with self._lock:
+            if kind in self._logged:
+                return
+            self._logged.add(kind)
+        what = launch.describe() if launch is not None else "stock wrapper"
+        shape = (
+            f"seqs={geo.num_seqs} tokens={geo.num_tokens} max_kv={geo.max_seqlen_k} head={geo.head_size} "
+            f"q_heads={geo.num_query_heads} kv_heads={geo.num_kv_heads} kv={geo.kv_dtype}"
+            if geo is not None
+            else f"max_q={int(kw['max_seqlen_q'])} max_kv={int(kw['max_seqlen_k'])}"
+        )
+        logger.info("radiance-attn first %s batch (%s): %s [%s]", kind, shape, what, reason)
+        try:
+            from radiance.kernels.registry import record
+        except ImportError:
+            return
+        query = {"batch": kind, **({"arch": geo.arch, "seqs": geo.num_seqs, "tokens": geo.num_tokens,
+                                     "max_kv": geo.max_seqlen_k, "head": geo.head_size,
+                                     "kv_heads": geo.num_kv_heads, "kv": geo.kv_dtype} if geo else {})}
+        record("attn.triton_unified_attention", query, what if launch is not None else None, reason)
+
+    def launch(self, kw: dict, launch: policy.TritonLaunch) -> None:
+        """Launch vLLM's kernels with ``launch`` (decide() has checked every precondition)."""
+        m = self.module
+        q, k, v, out = kw["q"], kw["k"], kw["v"], kw["out"]
+        seqused_k, block_table, cu_seqlens_q = kw["seqused_k"], kw["block_table"], kw["cu_seqlens_q"]
+        sinks = kw.get("sinks")
+        output_scale = kw.get("output_scale")
+        softcap = kw["softcap"]
+        num_seqs = int(seqused_k.shape[0])
+        num_query_heads = int(q.shape[1])
+        num_kv_heads = int(k.shape[2])
+        head_size = int(q.shape[2])
+        head_padded = policy.next_pow2(head_size)
+        is_3d = launch.is_3d
+        grid = launch.grid(int(q.shape[0]), num_seqs, num_kv_heads)
+        extra = {}
+        if launch.num_warps is not None:
+            extra["num_warps"] = launch.num_warps
+        if launch.num_stages is not None:
+            extra["num_stages"] = launch.num_stages
+        segm_out = kw["softmax_segm_output"] if is_3d else None
+        segm_max = kw["softmax_segm_max"] if is_3d else None
+        segm_sum = kw["softmax_segm_expsum"] if is_3d else None
+        out_scale = 1 / output_scale if output_scale is not None else 1.0
+        q_is_fp8 = q.dtype == m.current_platform.fp8_dtype()
+        m.kernel_unified_attention[grid](
+            output_ptr=out,
+            segm_output_ptr=segm_out,
+            segm_max_ptr=segm_max,
+            segm_expsum_ptr=segm_sum,
+            query_ptr=q,
+            key_cache_ptr=k,
+            value_cache_ptr=v,
+            sink_ptr=sinks,
+            block_tables_ptr=block_table,
+            seq_lens_ptr=seqused_k,
+            alibi_slopes_ptr=None,
+            qq_bias_ptr=None,
+            scale=kw["softmax_scale"],
+            q_scale=kw["q_descale"],
+            k_scale=kw["k_descale"],
+            v_scale=kw["v_descale"],
+            out_scale=out_scale,
+            softcap=softcap,
+            num_query_heads=num_query_heads,
+            num_queries_per_kv=num_query_heads // num_kv_heads,
+            block_table_stride=block_table.stride(0),
+            query_stride_0=q.stride(0),
+            query_stride_1=q.stride(1),
+            output_stride_0=out.stride(0),
+            output_stride_1=out.stride(1),
+            qq_bias_stride_0=0,
+            BLOCK_SIZE=int(v.shape[1]),
+            TILE_SIZE=launch.tile_size,
+            HEAD_SIZE=head_size,
+            HEAD_SIZE_PADDED=head_padded,
+            USE_ALIBI_SLOPES=False,
+            USE_ALIBI_SQRT=False,
+            USE_QQ_BIAS=False,
+            USE_SOFTCAP=(softcap > 0),
+            USE_SINKS=(sinks is not None),
+            SLIDING_WINDOW=0,
+            USE_CAUSAL=True,
+            USE_PER_SEQ_CAUSAL=False,
+            per_seq_causal_ptr=None,
+            USE_MM_PREFIX=False,
+            MAX_MM_RANGES=0,
+            mm_prefix_range_ptr=None,
+            rswa_prefix_lens_ptr=seqused_k,
+            R_SWA_WINDOW=0,
+            USE_R_SWA=False,
+            stride_k_cache_0=k.stride(0),
+            stride_k_cache_1=k.stride(1),
+            stride_k_cache_2=k.stride(2),
+            stride_k_cache_3=k.stride(3),
+            stride_v_cache_0=v.stride(0),
+            stride_v_cache_1=v.stride(1),
+            stride_v_cache_2=v.stride(2),
+            stride_v_cache_3=v.stride(3),
+            query_start_len_ptr=cu_seqlens_q,
+            BLOCK_Q=launch.block_q,
+            num_seqs=num_seqs,
+            BLOCK_M=launch.block_m,
+            NUM_SEGMENTS_PER_SEQ=launch.num_segments,
+            USE_FP8=output_scale is not None,
+            IS_3D=is_3d,
+            KV_QUANT_MODE=int(kw.get("kv_quant_mode", 0)),
+            Q_IS_FP8=q_is_fp8,
+            **extra,
+        )
+        if is_3d:
+            m.reduce_segments[(int(q.shape[0]), num_query_heads)](
+                output_ptr=out,
+                segm_output_ptr=segm_out,
+                segm_max_ptr=segm_max,
+                segm_expsum_ptr=segm_sum,
+                seq_lens_ptr=seqused_k,
+                num_seqs=num_seqs,
+                num_query_heads=num_query_heads,
+                out_scale_inv=out_scale,
+                output_stride_0=out.stride(0),
+                output_stride_1=out.stride(1),
+                block_table_stride=block_table.stride(0),
+                TILE_SIZE=launch.tile_size,
+                HEAD_SIZE=head_size,
+                HEAD_SIZE_PADDED=head_padded,
+                query_start_len_ptr=cu_seqlens_q,
+                BLOCK_Q=launch.block_q,
+                NUM_SEGMENTS_PER_SEQ=launch.num_segments,
+                USE_FP8=output_scale is not None,
+            )
+
+
+def _usable_scratch(t, device) -> bool:
+    import torch
+
+    return t.dtype == torch.float32 and t.device == device and t.is_contiguous()
+
+
+def scratch_elements(num_tokens: int, num_query_heads: int, head_size: int, segments: int) -> tuple[int, int]:
+    """(segm_output elements, segm_max/expsum elements) a split launch of this shape needs."""
+    units = num_tokens * num_query_heads * segments
+    return units * policy.next_pow2(head_size), units
+

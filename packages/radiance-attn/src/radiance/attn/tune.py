@@ -1,0 +1,482 @@
+"""Tuning harness: sweep vLLM's Triton unified-attention kernel on the GPU at hand, fit the rule.
+
+    python -m radiance.attn.tune --out DIR --kernel-src STAGED_DIR [--quick]
+    (also the ``radiance-attn`` console script, and benchmarks/bench_unified_attention.py)
+
+``STAGED_DIR`` comes from ``benchmarks/stage_vllm_kernel.py`` run where vLLM is installed: the
+kernel runs standalone, so the GPU machine needs no vLLM. For each measured point (context x
+sequences x verify width, per head/KV-head/KV-dtype class) it times, as medians of CUDA-graph
+replays on random data with KV rotated through more than the L2 size:
+  * stock: the installed vLLM's own wrapper with its backend's constants (16 segments, split
+    only for single-token decode, 3D threshold MIN_LAUNCH_GRID_SIZE_2D // kv_heads);
+  * every candidate launch: split count x BLOCK_M (stock block, and the block that holds all
+    of a sequence's rows);
+then fits the policy's rule to the candidates (fewest points slower than stock by >3%, then
+least total log-regret against the best candidate), writes ``DIR/tables/<arch>.json``, and
+re-measures radiance's own wrapper with the fitted table against stock at every point, with the
+KV-read floor (the batch's KV bytes at 4.25 TB/s) and an exactness check of radiance vs stock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from radiance.attn import kernel_source, policy, tables
+from radiance.attn.triton_launch import RadianceUnifiedAttention, detect_arch
+
+COPY_BW = 4.25e12  # bytes/s, H200 copy rate measured here
+L2_ROTATE_BYTES = 160 << 20  # rotate KV through > 3x the H200's 50 MB L2 where the size allows
+WIDE_LAUNCH = {32: {"tile": 32, "warps": 4}, 64: {"tile": 32, "warps": 4}, 128: {"tile": 32, "warps": 8}}
+SEGMENTS = (1, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Klass:
+    name: str
+    head_size: int
+    num_query_heads: int
+    num_kv_heads: int
+    kv_dtype: str
+
+
+CLASSES = (
+    Klass("h256_kv2_bf16", 256, 16, 2, "bf16"),
+    Klass("h128_kv8_bf16", 128, 32, 8, "bf16"),
+    Klass("h256_kv2_fp8", 256, 16, 2, "fp8"),
+    Klass("h128_kv8_fp8", 128, 32, 8, "fp8"),
+)
+FULL_GRID = {"ctx": (4096, 16384, 32768, 65536, 131072), "seqs": (1, 2, 4, 8), "width": (1, 2, 4, 6, 9)}
+QUICK_GRID = {"ctx": (4096, 32768, 131072), "seqs": (1, 8), "width": (1, 4, 9)}
+BLOCK = 16
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _kv_torch_dtype(name):
+    torch = _torch()
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[name]
+
+
+def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy.TritonLaunch]:
+    """Every launch measured at one point: split count x {stock block, all-rows block}."""
+    qpkv = k.num_query_heads // k.num_kv_heads
+    base = policy.stock_block_m(qpkv)
+    rows = width * qpkv
+    blocks = [base]
+    wide = policy.next_pow2(rows)
+    if width > 1 and base < wide <= 128:
+        blocks.append(wide)
+    out = []
+    for bm in blocks:
+        cfg = WIDE_LAUNCH.get(bm) if bm != base else None
+        for seg in SEGMENTS:
+            if cfg is not None:
+                tile, warps = cfg["tile"], cfg["warps"]
+            else:
+                tile = (16 if k.kv_dtype != "fp8" else 32) if seg > 1 else 32
+                warps = None
+            if seg > policy.next_pow2(policy.cdiv(ctx, tile)):
+                continue
+            out.append(policy.TritonLaunch(seg, bm, max(1, bm // qpkv), tile, warps, None, "candidate"))
+    return out
+
+
+class Bench:
+    """Inputs for one class, allocated once; per point views, block tables and rotations."""
+
+    def __init__(self, module, k: Klass, max_tokens: int, device, rotate_bytes=L2_ROTATE_BYTES):
+        torch = _torch()
+        self.m, self.k, self.device = module, k, device
+        self.dtype = _kv_torch_dtype(k.kv_dtype)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        self.token_bytes = 2 * k.num_kv_heads * k.head_size * elem
+        pool_tokens = max(max_tokens, rotate_bytes // self.token_bytes)
+        self.num_blocks = policy.cdiv(pool_tokens, BLOCK)
+        shape = (self.num_blocks, BLOCK, k.num_kv_heads, k.head_size)
+        gen = torch.Generator(device=device).manual_seed(0)
+        self.kc = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16).to(self.dtype)
+        self.vc = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16).to(self.dtype)
+        self.perm = torch.randperm(self.num_blocks, device=device, generator=gen).to(torch.int32)
+        self.rotate_bytes = rotate_bytes
+        # Segment scratch sized for the largest split launch of the sweep.
+        units = 9 * 8 * k.num_query_heads * 128
+        self.segm_out = torch.empty(units * policy.next_pow2(k.head_size), device=device, dtype=torch.float32)
+        self.segm_max = torch.empty(units, device=device, dtype=torch.float32)
+        self.segm_sum = torch.empty(units, device=device, dtype=torch.float32)
+
+    def point(self, ctx: int, seqs: int, width: int):
+        """Keyword-argument sets (one per rotation) for the wrappers, all with the same shape."""
+        torch = _torch()
+        k = self.k
+        tokens = seqs * width
+        batch_tokens = seqs * ctx
+        rot = max(1, min(8, self.num_blocks * BLOCK // batch_tokens, math.ceil(self.rotate_bytes / (batch_tokens * self.token_bytes))))
+        gen = torch.Generator(device=self.device).manual_seed(ctx * 131 + seqs * 17 + width)
+        q = torch.randn(tokens, k.num_query_heads, k.head_size, generator=gen, device=self.device, dtype=torch.bfloat16)
+        cu = torch.arange(0, tokens + 1, width, device=self.device, dtype=torch.int32)
+        lens = torch.full((seqs,), ctx, device=self.device, dtype=torch.int32)
+        nb = ctx // BLOCK
+        one = torch.ones((seqs, k.num_kv_heads), device=self.device, dtype=torch.float32)
+        sets = []
+        for r in range(rot):
+            bt = self.perm[r * seqs * nb : (r + 1) * seqs * nb].view(seqs, nb)
+            sets.append(
+                dict(q=q, k=self.kc, v=self.vc, out=torch.empty_like(q), cu_seqlens_q=cu, max_seqlen_q=width,
+                     seqused_k=lens, max_seqlen_k=ctx, softmax_scale=k.head_size**-0.5, causal=True,
+                     window_size=(-1, -1), block_table=bt, softcap=0, q_descale=None, k_descale=one,
+                     v_descale=one, kv_quant_mode=1 if k.kv_dtype == "fp8" else 0)
+            )
+        return sets
+
+    def floor_us(self, ctx: int, seqs: int) -> float:
+        return seqs * ctx * self.token_bytes / COPY_BW * 1e6
+
+    def stock_kwargs(self, kw: dict, manifest: dict) -> dict:
+        """The arguments vLLM's Triton backend passes: its 16-segment scratch and 3D threshold."""
+        consts = manifest.get("backend_constants", {})
+        segments = int(consts.get("NUM_PAR_SOFTMAX_SEGMENTS", 16))
+        threshold = int(consts.get("MIN_LAUNCH_GRID_SIZE_2D", 128)) // self.k.num_kv_heads
+        rows = threshold * self.k.num_query_heads * segments
+        d = policy.next_pow2(self.k.head_size)
+        return dict(kw, seq_threshold_3D=threshold, num_par_softmax_segments=segments,
+                    softmax_segm_output=self.segm_out[: rows * d].view(threshold, self.k.num_query_heads, segments, d),
+                    softmax_segm_max=self.segm_max[:rows].view(threshold, self.k.num_query_heads, segments),
+                    softmax_segm_expsum=self.segm_sum[:rows].view(threshold, self.k.num_query_heads, segments))
+
+    def radiance_kwargs(self, kw: dict) -> dict:
+        return dict(kw, seq_threshold_3D=0, num_par_softmax_segments=16, softmax_segm_output=self.segm_out,
+                    softmax_segm_max=self.segm_max, softmax_segm_expsum=self.segm_sum)
+
+
+def time_graph(fns, reps: int = 10) -> float:
+    """Median microseconds per call of ``fns`` (one call each, in order) from CUDA-graph replays."""
+    torch = _torch()
+    for fn in fns:
+        fn()  # compile / load
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for fn in fns:
+            fn()
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(fns))
+    del graph
+    return statistics.median(times)
+
+
+def _precompile_task(args):
+    """Worker: compile one launch config by running it once on a tiny batch (fills the cache)."""
+    src, klass, launch, width = args
+    import torch
+
+    module = kernel_source.load(src)
+    k = Klass(**klass)
+    device = torch.device("cuda")
+    b = Bench(module, k, max_tokens=2 * 512, device=device, rotate_bytes=0)
+    runner = RadianceUnifiedAttention(module, arch="any", num_sms=1, table={})
+    for seqs in (1, 2):
+        for kw in b.point(512, seqs, width)[:1]:
+            runner.launch(b.radiance_kwargs(kw), policy.TritonLaunch(**launch))
+            if launch["num_segments"] == 1 and launch["block_m"] == policy.stock_block_m(k.num_query_heads // k.num_kv_heads):
+                module.unified_attention(**b.stock_kwargs(kw, module.RADIANCE_MANIFEST))
+    torch.cuda.synchronize()
+    return True
+
+
+def precompile(src: str, work: list, jobs: int) -> float:
+    """Compile every distinct launch in ``work`` in parallel processes; returns seconds spent."""
+    t0 = time.time()
+    seen = {}
+    for k, ctx, seqs, width in work:
+        for c in candidate_launches(k, ctx, seqs, width):
+            key = (k.name, c.num_segments, c.block_m, c.tile_size, c.num_warps)
+            if key not in seen:
+                launch = {f: getattr(c, f) for f in ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages")}
+                seen[key] = (src, asdict(k), launch, width)
+    if jobs <= 1 or not seen:
+        return 0.0
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        for _ in pool.map(_precompile_task, list(seen.values())):
+            pass
+    return time.time() - t0
+
+
+def rule_table(arch: str, rules: dict, default: dict, meta: dict) -> dict:
+    return {"arch": arch, "provisional": False, "source": meta,
+            "triton": {"default": default, "classes": [{"match": m, "rule": r} for m, r in rules.values()]}}
+
+
+def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q):
+    return {"max_query_len": max_q, "max_seqs": max_seqs,
+            "split": {"coef": coef, "exp": exp, "min": lo, "max": 128, "unsplit_below": unsplit},
+            "wide": {"block_m": [32, 64, 128], "min_fill": fill,
+                     "launch": {str(b): dict(v) for b, v in WIDE_LAUNCH.items()}}}
+
+
+def _score(points: list[dict], arch: str, rule: dict) -> tuple:
+    table = {"arch": arch, "triton": {"default": rule, "classes": []}}
+    slow, regret, missing = 0, 0.0, 0
+    for p in points:
+        t = _time_of(p, policy.triton_launch(_geo(p, arch), table))
+        if t is None:
+            missing += 1
+            continue
+        slow += t > 1.03 * p["stock_us"]
+        regret += math.log(t / p["best_us"])
+    return missing, slow, regret
+
+
+def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict, dict]:
+    """Fit the rule's constants to measured points by coordinate search; returns (rule, score).
+
+    Objective, in order: choices that were not measured, points slower than stock by >3%, total
+    log-regret against the best measured candidate. Two rounds over (BLOCK_M fill threshold)
+    then (split coef, exponent, lower bound, unsplit threshold) keep it to a few hundred policy
+    evaluations per point set, seconds on the GPU host's CPU.
+    """
+    params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8}
+    grids = [
+        {"fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
+        {"coef": tuple(2 ** (i / 2) for i in range(2, 15)), "exp": (0.25, 1 / 3, 0.5), "lo": (4, 8),
+         "unsplit": (0, 2, 4, 8)},
+    ]
+    best = None
+    for _ in range(2):
+        for grid in grids:
+            names = list(grid)
+            for values in itertools.product(*(grid[n] for n in names)):
+                trial = dict(params, **dict(zip(names, values)))
+                rule = _rule(trial["coef"], trial["exp"], trial["lo"], trial["unsplit"], trial["fill"], max_seqs, max_q)
+                score = _score(points, arch, rule)
+                if best is None or score < best[0]:
+                    best = (score, rule, trial)
+            params = best[2]
+    (missing, slow, regret), rule, _ = best
+    return rule, {"points": len(points), "unmeasured_choices": missing, "slower_than_stock_3pct": slow,
+                  "mean_regret_pct": 100 * (math.exp(regret / max(1, len(points) - missing)) - 1)}
+
+
+def _geo(p: dict, arch: str) -> policy.Geometry:
+    return policy.Geometry(arch=arch, head_size=p["head_size"], num_query_heads=p["num_query_heads"],
+                           num_kv_heads=p["num_kv_heads"], num_tokens=p["seqs"] * p["width"], num_seqs=p["seqs"],
+                           max_seqlen_q=p["width"], max_seqlen_k=p["ctx"], q_dtype="bf16", kv_dtype=p["kv_dtype"])
+
+
+def _key(launch: policy.TritonLaunch | None) -> str:
+    if launch is None:
+        return "stock"
+    return f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}"
+
+
+def _time_of(p: dict, launch) -> float | None:
+    if launch is None:
+        return p["stock_us"]
+    return p["candidates"].get(_key(launch))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="radiance-attn tune", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="results directory (table, plot, JSON, fitted table)")
+    ap.add_argument("--kernel-src", required=True, help="directory written by stage_vllm_kernel.py")
+    ap.add_argument("--quick", action="store_true", help="small grid, bf16 KV only")
+    ap.add_argument("--budget-s", type=float, default=270.0, help="stop sweeping new points after this many seconds (the fit and the stock comparison follow)")
+    ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    args = ap.parse_args(argv)
+    torch = _torch()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        print("radiance-attn tune: needs a CUDA/ROCm GPU; nothing measured")
+        return 2
+    t_start = time.time()
+    module = kernel_source.load(args.kernel_src)
+    manifest = module.RADIANCE_MANIFEST
+    device = torch.device("cuda")
+    arch = detect_arch(device)
+    props = torch.cuda.get_device_properties(device)
+    grid = QUICK_GRID if args.quick else FULL_GRID
+    fp8_ok = torch.version.hip is not None or torch.cuda.get_device_capability(device) >= (8, 9)
+    classes = [c for c in CLASSES if (c.kv_dtype == "bf16" or (fp8_ok and not args.quick))]
+    if not fp8_ok:
+        print("fp8 KV skipped: this GPU has no fp8 dot support in Triton")
+    work = [(k, c, s, w) for k in classes for c in grid["ctx"] for s in grid["seqs"] for w in grid["width"]]
+    import triton
+
+    meta = {"gpu": props.name, "arch": arch, "sms": props.multi_processor_count, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda or torch.version.hip,
+            "vllm_kernel_from": manifest.get("vllm_version", "unknown"),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": platform.python_version(), "grid": {k: list(v) for k, v in grid.items()},
+            "classes": [asdict(c) for c in classes]}
+    print(f"radiance-attn tune on {props.name} ({arch}), kernel from vLLM {meta['vllm_kernel_from']}, "
+          f"{len(work)} points, {args.jobs} compile workers")
+    pre = precompile(str(args.kernel_src), work, args.jobs)
+    print(f"precompiled in {pre:.0f}s")
+
+    points, skipped = [], 0
+    by_class = {}
+    for k, ctx, seqs, width in work:
+        if time.time() - t_start > args.budget_s:
+            skipped += 1
+            continue
+        if k.name not in by_class:
+            by_class.clear()
+            torch.cuda.empty_cache()
+            max_tokens = max(grid["ctx"]) * max(grid["seqs"])
+            by_class[k.name] = Bench(module, k, max_tokens, device)
+        b = by_class[k.name]
+        sets = b.point(ctx, seqs, width)
+        stock_sets = [b.stock_kwargs(kw, manifest) for kw in sets]
+        stock_us = time_graph([lambda kw=kw: module.unified_attention(**kw) for kw in stock_sets])
+        runner = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table={})
+        cands = {}
+        for c in candidate_launches(k, ctx, seqs, width):
+            rs = [b.radiance_kwargs(kw) for kw in sets]
+            cands[_key(c)] = time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
+        best_key = min(cands, key=cands.get)
+        points.append({"class": k.name, "head_size": k.head_size, "num_query_heads": k.num_query_heads,
+                       "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype, "ctx": ctx, "seqs": seqs,
+                       "width": width, "stock_us": stock_us, "candidates": cands,
+                       "best": best_key, "best_us": cands[best_key], "floor_us": b.floor_us(ctx, seqs)})
+        print(f"  {k.name:14s} ctx={ctx:6d} seqs={seqs} w={width}: stock {stock_us:8.1f} us, "
+              f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
+    if skipped:
+        print(f"budget {args.budget_s:.0f}s reached: {skipped} points not measured")
+
+    # ---- fit -----------------------------------------------------------------------------------
+    max_seqs, max_q = max(grid["seqs"]), max(grid["width"])
+    rules, fits = {}, {}
+    for k in classes:
+        pts = [p for p in points if p["class"] == k.name]
+        if pts:
+            rule, score = fit(pts, arch, max_seqs, max_q)
+            rules[k.name] = ({"head_size": k.head_size, "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype}, rule)
+            fits[k.name] = score
+    default, fits["default"] = fit(points, arch, max_seqs, max_q) if points else (None, {})
+    table = rule_table(arch, rules, default, meta)
+    tables.validate(table)
+    tdir = out / "tables"
+    tdir.mkdir(exist_ok=True)
+    table_path = tdir / tables.table_file(arch).name
+    table_path.write_text(json.dumps(table, indent=1) + "\n")
+
+    # ---- radiance (fitted table, own wrapper) vs stock, exactness --------------------------------
+    rad = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table=table)
+    for p in points:
+        k = next(c for c in classes if c.name == p["class"])
+        if k.name not in by_class:
+            by_class.clear()
+            torch.cuda.empty_cache()
+            by_class[k.name] = Bench(module, k, max(grid["ctx"]) * max(grid["seqs"]), device)
+        b = by_class[k.name]
+        sets = b.point(p["ctx"], p["seqs"], p["width"])
+        rs = [b.radiance_kwargs(kw) for kw in sets]
+        p["radiance_us"] = time_graph([lambda kw=kw: rad(**kw) for kw in rs])
+        geo, launch, reason = rad.decide(rs[0])
+        p["radiance"] = launch.describe() if launch is not None else "stock wrapper"
+        p["stock"] = "split-KV 16 segments" if p["width"] == 1 else "unsplit 2D, BLOCK_M 16"
+        kw0 = sets[0]
+        s_out, r_out = torch.empty_like(kw0["q"]), torch.empty_like(kw0["q"])
+        module.unified_attention(**dict(b.stock_kwargs(kw0, manifest), out=s_out))
+        rad(**dict(b.radiance_kwargs(kw0), out=r_out))
+        torch.cuda.synchronize()
+        diff = (r_out.float() - s_out.float()).abs().max().item()
+        scale = s_out.float().abs().max().item()
+        p["max_abs_diff"] = diff
+        # bf16 rounding of the output: half an ulp at the output's magnitude is 2^-9 relative;
+        # two differently-ordered fp32 sums may round to neighbouring bf16 values, so allow 2 ulps.
+        p["exact_within_bf16"] = diff <= 2 * 2.0**-7 * max(scale, 1e-6)
+        p["vs_stock"] = p["stock_us"] / p["radiance_us"]
+        p["vs_floor"] = p["radiance_us"] / p["floor_us"]
+    write_results(out, points, meta, fits, table_path, time.time() - t_start, skipped)
+    return 0
+
+
+def write_results(out: Path, points, meta, fits, table_path, elapsed, skipped) -> None:
+    long_ctx = [p for p in points if p["ctx"] >= 32768]
+    within2 = sum(p["vs_floor"] <= 2.0 for p in long_ctx)
+    slower = [p for p in points if p["radiance_us"] > 1.03 * p["stock_us"]]
+    inexact = [p for p in points if not p["exact_within_bf16"]]
+    summary = {"points": len(points), "not_measured_budget": skipped, "elapsed_s": round(elapsed, 1),
+               "ctx_ge_32k_within_2x_floor": f"{within2}/{len(long_ctx)}",
+               "slower_than_stock_by_3pct": len(slower), "not_exact_within_bf16": len(inexact),
+               "fits": fits, "table": str(table_path)}
+    (out / "bench_unified_attention.json").write_text(json.dumps({"meta": meta, "summary": summary, "points": points}, indent=1) + "\n")
+    lines = [f"# vLLM Triton unified attention: stock vs radiance on {meta['gpu']} ({meta['arch']})", "",
+             f"torch {meta['torch']}, Triton {meta['triton']}, CUDA/HIP {meta['cuda']}, kernel from vLLM "
+             f"{meta['vllm_kernel_from']}, {meta['date']}. Medians of CUDA-graph replays, random data, KV "
+             f"rotated past L2. Floor: the batch's KV bytes read once at {COPY_BW / 1e12:.2f} TB/s.", "",
+             f"Summary: {json.dumps(summary)}", "",
+             "| class | ctx | seqs | width | stock µs | radiance µs | speedup | floor µs | radiance/floor | exact | radiance launch |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|:-:|---|"]
+    for p in points:
+        lines.append(f"| {p['class']} | {p['ctx']} | {p['seqs']} | {p['width']} | {p['stock_us']:.1f} | "
+                     f"{p['radiance_us']:.1f} | {p['vs_stock']:.2f}x | {p['floor_us']:.1f} | {p['vs_floor']:.2f} | "
+                     f"{'yes' if p['exact_within_bf16'] else 'NO'} | {p['radiance']} |")
+    (out / "bench_unified_attention.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(1, 2, figsize=(13, 5))
+        for cls in sorted({p["class"] for p in points}):
+            ps = [p for p in points if p["class"] == cls]
+            ax[0].scatter([p["ctx"] for p in ps], [p["stock_us"] / p["floor_us"] for p in ps], marker="x", alpha=0.5, label=f"{cls} stock")
+            ax[0].scatter([p["ctx"] for p in ps], [p["vs_floor"] for p in ps], marker="o", alpha=0.7, label=f"{cls} radiance")
+            ax[1].scatter([p["width"] + 0.1 * p["seqs"] for p in ps], [p["vs_stock"] for p in ps], alpha=0.7, label=cls)
+        ax[0].set(xscale="log", yscale="log", xlabel="context", ylabel="time / KV-read floor", title="distance to the KV-read floor")
+        ax[0].axhline(2.0, color="k", lw=0.8, ls="--")
+        ax[1].set(yscale="log", xlabel="verify width (+0.1 x seqs)", ylabel="stock / radiance", title="speedup over stock")
+        ax[1].axhline(1 / 1.03, color="r", lw=0.8, ls="--")
+        ax[0].legend(fontsize=6)
+        ax[1].legend(fontsize=6)
+        fig.suptitle(f"{meta['gpu']}: vLLM unified attention, stock vs radiance")
+        fig.tight_layout()
+        fig.savefig(out / "bench_unified_attention.png", dpi=110)
+    except ImportError as exc:
+        print(f"no plot: matplotlib not importable ({exc})")
+    print()
+    print(f"{'class':14s} {'ctx':>6s} {'seqs':>4s} {'w':>2s} {'stock':>9s} {'radiance':>9s} {'x':>6s} {'/floor':>7s}")
+    for p in points:
+        print(f"{p['class']:14s} {p['ctx']:6d} {p['seqs']:4d} {p['width']:2d} {p['stock_us']:9.1f} "
+              f"{p['radiance_us']:9.1f} {p['vs_stock']:6.2f} {p['vs_floor']:7.2f}")
+    print(json.dumps(summary, indent=1))
+    print(f"fitted table: {table_path} (copy to src/radiance/attn/tables/ to ship it)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

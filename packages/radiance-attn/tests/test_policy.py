@@ -1,0 +1,205 @@
+"""The policy reproduces the gfx1201 rules (seed measurements) and keeps arches apart."""
+
+import math
+
+import pytest
+
+from radiance.attn import policy, tables
+from radiance.attn.policy import Geometry
+
+GFX = tables.for_arch("gfx1201")
+SPLIT = GFX["aiter"]["decode_3d"]["verify"]["split"]
+
+
+def geo(**kw):
+    base = dict(arch="gfx1201", head_size=256, num_query_heads=12, num_kv_heads=2, num_tokens=9,
+                num_seqs=1, max_seqlen_q=9, max_seqlen_k=32768, q_dtype="fp8", kv_dtype="fp8")
+    base.update(kw)
+    return Geometry(**base)
+
+
+def seed_split(max_seqlen_k, tile, programs):
+    # the rule as stated: 16 * cbrt(tiles / programs), floored to a power of two, clamped
+    tiles = max(1, -(-max_seqlen_k // tile))
+    want = 16.0 * (tiles / max(1, programs)) ** (1 / 3)
+    seg = 2 ** int(math.floor(math.log2(max(1.0, want))))
+    return max(4, min(128, seg, 2 ** math.ceil(math.log2(tiles))))
+
+
+@pytest.mark.parametrize("ctx", [1, 16, 33, 4096, 32768, 131072, 1 << 20])
+@pytest.mark.parametrize("programs", [1, 2, 6, 24, 100, 4096])
+@pytest.mark.parametrize("tile", [16, 32])
+def test_split_rule_matches_stated_rule(ctx, programs, tile):
+    tiles = -(-ctx // tile)
+    assert policy.split_count(tiles, programs, SPLIT) == seed_split(ctx, tile, programs)
+
+
+def test_split_rule_edges():
+    assert policy.split_count(1, 1, SPLIT) == 4  # lower clamp wins over next_pow2(tiles)=1
+    assert policy.split_count(3, 1, SPLIT) == 4
+    assert policy.split_count(100, 1, SPLIT) == 64  # 16*cbrt(100)=74 -> 64; next_pow2(100)=128
+    assert policy.split_count(10**7, 1, SPLIT) == 128  # upper clamp
+    assert policy.split_count(2048, 6, SPLIT) == 64  # 16*cbrt(341)=111.6 -> 64
+    # power-of-two floor, never rounding up: 16*cbrt(8)=32 exactly
+    assert policy.split_count(8 * 7, 7, SPLIT) == 32
+    unsplit = dict(SPLIT, unsplit_below=8)
+    assert policy.split_count(64, 64, unsplit) == 16  # 16*cbrt(1)=16 >= 8: split
+    assert policy.split_count(64, 64 * 1000, unsplit) == 1
+
+
+@pytest.mark.parametrize("width,seqs,qpkv,expect", [
+    (9, 1, 6, None),  # 54 rows: 84% of 64 -> widen... computed below
+    (6, 8, 6, None),  # 36 rows: 56% full -> stock (seed: 20% slower wide)
+    (1, 8, 6, None),  # all-decode never widens
+    (11, 1, 6, None),  # 66 rows > 64: no allowed block holds them
+])
+def test_wide_block_m_fill_gate(width, seqs, qpkv, expect):
+    g = geo(num_query_heads=2 * qpkv, num_tokens=width * seqs, num_seqs=seqs, max_seqlen_q=width)
+    wide = GFX["aiter"]["decode_3d"]["verify"]["wide"]
+    rows = width * qpkv
+    want = 64 if (width > 1 and 0.8 * 64 <= rows <= 64) else None
+    assert policy.wide_block_m(g, wide) == want
+
+
+def test_wide_block_m_exact_threshold():
+    wide = GFX["aiter"]["decode_3d"]["verify"]["wide"]
+    # qpkv 8: width 7 -> 56 rows = 87.5% (widen); qpkv 4: width 13 -> 52 rows = 81% (widen),
+    # width 12 -> 48 rows = 75% (stock)
+    assert policy.wide_block_m(geo(num_query_heads=16, num_tokens=7, max_seqlen_q=7), wide) == 64
+    assert policy.wide_block_m(geo(num_query_heads=8, num_tokens=13, max_seqlen_q=13), wide) == 64
+    assert policy.wide_block_m(geo(num_query_heads=8, num_tokens=12, max_seqlen_q=12), wide) is None
+    # head sizes other than the measured one keep the stock block
+    assert policy.wide_block_m(geo(head_size=128, num_query_heads=16, num_tokens=7, max_seqlen_q=7), wide) is None
+
+
+STOCK_3D = ({"TILE_SIZE": 64, "NUM_SEGMENTS_PER_SEQ": 16, "num_warps": 2, "waves_per_eu": 2, "num_stages": 2},
+            {"TILE_SIZE": 64, "NUM_SEGMENTS_PER_SEQ": 16, "num_warps": 2, "waves_per_eu": 2, "num_stages": 1})
+
+
+def test_aiter_decode_constants_and_drafter_pass():
+    # the drafter's all-decode pass: fp8 constants, AITER's split count untouched, no BLOCK_M
+    g = geo(num_tokens=4, num_seqs=4, max_seqlen_q=1)
+    attn, red, bm = policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=8)
+    assert bm is None
+    assert attn == {"TILE_SIZE": 16, "NUM_SEGMENTS_PER_SEQ": 16, "num_warps": 4, "waves_per_eu": 6, "num_stages": 1}
+    assert red == {"TILE_SIZE": 16, "NUM_SEGMENTS_PER_SEQ": 16, "num_warps": 8, "waves_per_eu": 2, "num_stages": 1}
+
+
+def test_aiter_verify_widened():
+    # width 9, qpkv 6 -> 54 rows: BLOCK_M 64, tile 32, 4 warps; split from the widened grid
+    g = geo(num_tokens=9, num_seqs=1, max_seqlen_q=9)
+    attn, red, bm = policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=(9 // 2 + 1) * 2)
+    assert bm == 64
+    assert (attn["TILE_SIZE"], red["TILE_SIZE"], attn["num_warps"]) == (32, 32, 4)
+    programs = (9 // (64 // 6) + 1) * 2
+    assert attn["NUM_SEGMENTS_PER_SEQ"] == red["NUM_SEGMENTS_PER_SEQ"] == seed_split(32768, 32, programs)
+
+
+def test_aiter_verify_not_widened_keeps_tile_16_warps_2():
+    g = geo(num_tokens=48, num_seqs=8, max_seqlen_q=6)
+    attn, red, bm = policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=96)
+    assert bm is None
+    assert (attn["TILE_SIZE"], attn["num_warps"]) == (16, 2)
+    assert attn["NUM_SEGMENTS_PER_SEQ"] == seed_split(32768, 16, 96)
+
+
+def test_aiter_bf16_decode_and_other_heads_untouched():
+    g = geo(q_dtype="bf16", kv_dtype="bf16")
+    assert policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=4) == (STOCK_3D[0], STOCK_3D[1], None)
+    g = geo(head_size=128, num_query_heads=12)
+    attn, _, bm = policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=4)
+    assert bm is None and attn["NUM_SEGMENTS_PER_SEQ"] == 16 and attn["TILE_SIZE"] == 16
+
+
+STOCK_2D = {"BLOCK_M": 64, "BLOCK_Q": 10, "TILE_SIZE": 32, "num_warps": 2, "num_stages": 1, "waves_per_eu": 6}
+
+
+def test_aiter_prefill_by_head_size():
+    g512 = geo(head_size=512, num_query_heads=16, num_kv_heads=2, q_dtype="fp8", max_seqlen_q=4096, num_tokens=4096)
+    c = policy.aiter_prefill_2d(g512, STOCK_2D)
+    assert (c["TILE_SIZE"], c["BLOCK_M"], c["num_warps"], c["BLOCK_Q"]) == (16, 32, 4, 4)
+    g256 = geo(head_size=256, q_dtype="fp8", max_seqlen_q=4096, num_tokens=4096)
+    c = policy.aiter_prefill_2d(g256, STOCK_2D)
+    assert c["BLOCK_M"] == 64 and c["TILE_SIZE"] == 16 and c["waves_per_eu"] == 1  # 256: stock BLOCK_M
+    small = policy.aiter_prefill_2d(geo(max_seqlen_q=64, num_tokens=64), STOCK_2D)
+    assert small == dict(STOCK_2D, BLOCK_Q=64 // 6)  # fp8 small prefill: AITER's config
+    bf = policy.aiter_prefill_2d(geo(q_dtype="bf16", kv_dtype="bf16", max_seqlen_q=64, num_tokens=64), STOCK_2D)
+    assert (bf["TILE_SIZE"], bf["num_warps"], bf["num_stages"], bf["waves_per_eu"]) == (16, 4, 1, 1)
+
+
+def test_tables_are_per_arch(tmp_path, monkeypatch):
+    import json
+
+    other = {"arch": "sm_90", "triton": {"default": {"split": {"coef": 1, "exp": 1, "min": 4, "max": 8}}, "classes": []}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(other))
+    monkeypatch.setenv("RADIANCE_ATTN_TABLE", str(path))
+    tables._load_file.cache_clear()
+    assert tables.for_arch("sm_90")["triton"]["default"]["split"]["max"] == 8
+    # a table for sm_90 never moves a gfx1201 shape
+    g = geo(num_tokens=9, max_seqlen_q=9)
+    assert policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=10) == policy.aiter_decode_3d(
+        g, *STOCK_3D, num_2d_programs=10, table=tables._load_file(str(tables.table_file("gfx1201"))))
+    assert tables.for_arch("gfx1201")["arch"] == "gfx1201"
+    assert tables.for_arch("sm_80") is None
+    assert policy.triton_launch(geo(arch="sm_80", q_dtype="bf16", kv_dtype="bf16")) is None
+
+
+def test_bad_table_and_bad_geometry_rejected(tmp_path):
+    with pytest.raises(ValueError):
+        tables.validate({"arch": "x", "triton": {"default": {"split": {"coef": 1}}}})
+    with pytest.raises(ValueError):
+        tables.validate({"arch": "x", "triton": {"default": {"split": {"coef": 1, "exp": 1, "min": 4, "max": 8},
+                                                             "wide": {"block_m": [48]}}}})
+    with pytest.raises(ValueError):
+        geo(num_query_heads=7, num_kv_heads=2)
+    with pytest.raises(ValueError):
+        geo(kv_dtype="int8")
+    with pytest.raises(ValueError):
+        geo(num_seqs=0)
+
+
+def sm90(**kw):
+    base = dict(arch="sm_90", head_size=256, num_query_heads=16, num_kv_heads=2, num_tokens=4, num_seqs=1,
+                max_seqlen_q=4, max_seqlen_k=32768, q_dtype="bf16", kv_dtype="bf16", num_sms=132)
+    base.update(kw)
+    return Geometry(**base)
+
+
+def test_triton_launch_verify_split_and_grid():
+    table = tables.SM90_PROVISIONAL
+    launch = policy.triton_launch(sm90(), table)
+    # width 4 x qpkv 8 = 32 rows: 50% of 64 -> stock 16-row block, split from the 16-row grid
+    assert (launch.block_m, launch.block_q, launch.tile_size) == (16, 2, 16)
+    programs = (4 // 2 + 1) * 2
+    assert launch.num_segments == seed_split(32768, 16, programs)
+    assert launch.grid(4, 1, 2) == (3, 2, launch.num_segments)
+    wide = policy.triton_launch(sm90(num_tokens=7, max_seqlen_q=7), table)  # 56 rows: widen
+    assert (wide.block_m, wide.block_q, wide.tile_size, wide.num_warps) == (64, 8, 32, 4)
+    assert wide.grid(7, 1, 2)[0] == 7 // 8 + 1
+
+
+def test_triton_launch_stock_cases():
+    table = tables.SM90_PROVISIONAL
+    assert policy.triton_launch(sm90(num_tokens=4096, max_seqlen_q=4096), table) is None  # prefill
+    assert policy.triton_launch(sm90(num_seqs=64, num_tokens=64, max_seqlen_q=1), table) is None  # unmeasured
+    # scratch too small for any split: a verify batch with the stock block is exactly stock
+    tiny = sm90(scratch_bytes=4 * 16 * 256 * 4)
+    assert policy.triton_launch(tiny, table) is None
+    # decode with little scratch: fewer segments, never more than fit
+    g = sm90(num_tokens=1, max_seqlen_q=1, scratch_bytes=1 * 16 * 256 * 4 * 8)
+    assert policy.triton_launch(g, table).num_segments == 8
+
+
+def test_lds_clamp_on_gfx1201():
+    # head 512: a 64-row block of bf16 is 64 KiB alone -- the clamp halves it
+    assert not policy.lds_fits("gfx1201", 64, 32, 512)
+    assert policy.lds_fits("gfx1201", 32, 32, 512)
+    assert policy.lds_fits("sm_90", 128, 32, 256)
+    table = tables.for_arch("gfx1201")
+    g = Geometry(arch="gfx1201", head_size=512, num_query_heads=16, num_kv_heads=2, num_tokens=7, num_seqs=1,
+                 max_seqlen_q=7, max_seqlen_k=8192)
+    wide_table = {"arch": "gfx1201", "triton": {"default": dict(table["triton"]["default"],
+                  wide=dict(table["triton"]["default"]["wide"], head_sizes=[512])), "classes": []}}
+    launch = policy.triton_launch(g, wide_table)
+    assert policy.lds_fits("gfx1201", launch.block_m, launch.tile_size, 512)

@@ -1,0 +1,116 @@
+"""The Triton-backend adapter against the installed vLLM package."""
+
+import importlib
+
+import pytest
+import torch
+
+from radiance.attn import policy, triton_launch, vllm_patches
+
+triton_attn = pytest.importorskip("vllm.v1.attention.backends.triton_attn")
+
+
+def test_install_skips_on_a_platform_without_triton_kernels(monkeypatch):
+    # vLLM's CPU build replaces Triton with placeholders: nothing to launch, so nothing installed
+    monkeypatch.delenv("RADIANCE_ATTN", raising=False)
+    applied, detail = vllm_patches.install()
+    ops = importlib.import_module(vllm_patches.TRITON_OPS)
+    if getattr(ops.kernel_unified_attention, "arg_names", None) is None:
+        assert not applied
+        assert "not a Triton kernel here" in detail
+        assert "AITER unified attention not importable" in detail
+        assert triton_attn.unified_attention is ops.unified_attention
+
+
+def test_disabled_by_flag(monkeypatch):
+    monkeypatch.setenv("RADIANCE_ATTN", "0")
+    assert vllm_patches.install() == (False, "disabled by RADIANCE_ATTN=0")
+
+
+@pytest.fixture
+def installed(kernel_module):
+    stock = triton_attn.unified_attention
+    applied, detail = vllm_patches.install_triton(backend=triton_attn, kernel_module=kernel_module)
+    yield applied, detail, stock
+    vllm_patches.uninstall_triton(triton_attn)
+
+
+def test_install_replaces_the_backend_namespace_idempotently(installed, kernel_module):
+    applied, detail, stock = installed
+    assert applied, detail
+    wrapper = triton_attn.unified_attention
+    assert isinstance(wrapper, triton_launch.RadianceUnifiedAttention)
+    assert wrapper.stock is stock and wrapper.module is kernel_module
+    assert getattr(triton_attn.TritonAttentionMetadataBuilder.__init__, "_radiance_orig", None) is not None
+    again = vllm_patches.install_triton(backend=triton_attn, kernel_module=kernel_module)
+    assert again == (True, "already installed")
+    assert triton_attn.unified_attention is wrapper
+    vllm_patches.uninstall_triton(triton_attn)
+    assert triton_attn.unified_attention is stock
+    assert getattr(triton_attn.TritonAttentionMetadataBuilder.__init__, "_radiance_orig", None) is None
+
+
+def test_install_refuses_placeholder_kernels():
+    ops = importlib.import_module(vllm_patches.TRITON_OPS)
+    if getattr(ops.kernel_unified_attention, "arg_names", None) is not None:
+        pytest.skip("this vLLM has real Triton kernels")
+    applied, detail = vllm_patches.install_triton(backend=triton_attn, kernel_module=ops)
+    assert not applied and "not a Triton kernel" in detail
+    assert triton_attn.unified_attention is ops.unified_attention
+
+
+def _call_kwargs(**over):
+    q = torch.zeros(8, 16, 256, dtype=torch.bfloat16)
+    k = torch.zeros(4, 16, 2, 256, dtype=torch.bfloat16)
+    kw = dict(q=q, k=k, v=k, out=torch.empty_like(q), cu_seqlens_q=torch.tensor([0, 4, 8], dtype=torch.int32),
+              max_seqlen_q=4, seqused_k=torch.tensor([30, 30], dtype=torch.int32), max_seqlen_k=30,
+              softmax_scale=0.06, causal=True, window_size=(-1, -1), block_table=torch.zeros(2, 2, dtype=torch.int32),
+              softcap=0, q_descale=None, k_descale=None, v_descale=None, seq_threshold_3D=64,
+              num_par_softmax_segments=16, softmax_segm_output=torch.empty(64 * 16 * 16 * 256),
+              softmax_segm_max=torch.empty(64 * 16 * 16), softmax_segm_expsum=torch.empty(64 * 16 * 16))
+    kw.update(over)
+    return kw
+
+
+@pytest.mark.parametrize("over,why", [
+    (dict(window_size=(127, 0)), "sliding window"),
+    (dict(causal=False), "non-causal"),
+    (dict(alibi_slopes=torch.zeros(16)), "alibi_slopes"),
+    (dict(kv_quant_mode=3), "kv_quant_mode 3"),
+    (dict(use_td=True), "tensor descriptors"),
+    (dict(softmax_segm_output=None), "no segment scratch"),
+    (dict(softmax_segm_max=torch.empty(10, dtype=torch.float16)), "no segment scratch"),
+])
+def test_unhandled_calls_fall_back_to_stock(kernel_module, over, why):
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    geo, launch, reason = r.decide(_call_kwargs(**over))
+    assert launch is None and why in reason
+
+
+def test_decision_for_a_verify_batch(kernel_module):
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    geo, launch, reason = r.decide(_call_kwargs())
+    assert geo.num_seqs == 2 and geo.num_tokens == 8 and geo.max_seqlen_q == 4 and geo.q_per_kv == 8
+    assert launch == policy.triton_launch(geo)
+    assert launch is not None and launch.is_3d
+    # the segment count never exceeds what the given scratch holds
+    assert 8 * 16 * launch.num_segments * 256 <= 64 * 16 * 16 * 256
+
+
+def test_unknown_keyword_goes_to_stock(kernel_module):
+    seen = {}
+
+    def stock(**kw):
+        seen.update(kw)
+
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, stock=stock, arch="sm_90", num_sms=132)
+    r(**_call_kwargs(), some_future_flag=True)
+    assert seen["some_future_flag"] is True
+
+
+def test_scratch_rows():
+    # 8 seqs x (1 + 3 spec tokens) x 128 segments of 16 heads x 256 fp32, in a 16-segment layout
+    rows = vllm_patches.scratch_rows(16, 256, 16, 32, 128, 1 << 30)
+    assert rows == 32 * 128 // 16
+    # the byte budget caps it: 64 MiB / (16 * 256 * 4 B) = 4096 slots
+    assert vllm_patches.scratch_rows(16, 256, 16, 32, 128, 64 << 20) == 4096 // 16
