@@ -24,8 +24,12 @@ KS = (2048, 4096, 5120, 8192)
 MS = (8192, 512, 64, 8, 1)  # largest first: the dynamic-M compile sees the big hint first
 L2_BYTES = 60 << 20
 EPS = 1e-6
-# Variants timed alongside the heuristic (vpt, threads per row, rows per block).
-VARIANTS = {"vpt8_tpr64x2": (8, 64, 2), "vpt2_wide": (2, 0, 1)}
+# Launch variants timed alongside the heuristic at M in VARIANT_MS, every K: (vectors per thread,
+# threads per row (0: the row's vectors / vpt), rows per block). "no_pdl" is the heuristic's
+# config launched without programmatic dependent launch.
+VARIANTS = {"vpt1": (1, 0, 1), "vpt2": (2, 0, 1), "vpt2x2": (2, 0, 2), "vpt4": (4, 0, 1),
+            "vpt4x2": (4, 0, 2), "vpt8": (8, 0, 1)}
+VARIANT_MS = (8, 8192)
 
 
 def inputs(op, m, k, g):
@@ -87,6 +91,7 @@ def main() -> int:
         return 1
     raw = lib._lib
     raw.radiance_set_launch_config.argtypes = [__import__("ctypes").c_int] * 4
+    raw.radiance_set_pdl.argtypes = [__import__("ctypes").c_int]
     import torch._dynamo as dynamo
     dynamo.config.recompile_limit = 64
     dynamo.config.cache_size_limit = 64
@@ -115,17 +120,20 @@ def main() -> int:
                            "compiled_new_graphs": dynamo.utils.counters["stats"]["unique_graphs"] - before}
                     row["kernel_us"] = graph_time_us(kern, sets)
                     row["compiled_us"] = graph_time_us(compiled, sets)
-                    for name, (vpt, tpr, rpb) in VARIANTS.items():
-                        if m not in (8, 8192) or k != 4096:
-                            continue
-                        t = tpr or (k // 8) // vpt
-                        if raw.radiance_set_launch_config(op_i, vpt, t, rpb) != 0:
-                            row[f"variant_{name}_us"] = None
-                            continue
+                    if m in VARIANT_MS:
+                        for name, (vpt, tpr, rpb) in VARIANTS.items():
+                            t = tpr or (k // 8) // vpt
+                            if raw.radiance_set_launch_config(op_i, vpt, t, rpb) != 0:
+                                continue
+                            try:
+                                row[f"variant_{name}_us"] = graph_time_us(kern, sets)
+                            finally:
+                                raw.radiance_set_launch_config(op_i, 0, 0, 0)
+                        raw.radiance_set_pdl(0)
                         try:
-                            row[f"variant_{name}_us"] = graph_time_us(kern, sets)
+                            row["variant_no_pdl_us"] = graph_time_us(kern, sets)
                         finally:
-                            raw.radiance_set_launch_config(op_i, 0, 0, 0)
+                            raw.radiance_set_pdl(1)
                     row["kernel_tbps"] = per_set / row["kernel_us"] / 1e6
                     row["compiled_tbps"] = per_set / row["compiled_us"] / 1e6
                     row["speedup"] = row["compiled_us"] / row["kernel_us"]

@@ -7,20 +7,49 @@ namespace radiance {
 // Benchmark-only override of the launch heuristic, per op; vpt == 0 means "use the heuristic".
 static LaunchConfig g_override[kOpCount] = {};
 
+// PDL (see rad_launch): on for sm_90+ devices unless the benchmark switched it off.
+static int g_pdl_switch = 1;
+
+bool pdl_enabled() {
+#ifdef RADIANCE_HIP
+  return false;
+#else
+  static int major_of[64] = {};
+  int dev = 0;
+  if (!g_pdl_switch || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (major_of[dev] == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    major_of[dev] = major;
+  }
+  return major_of[dev] >= 9;
+#endif
+}
+
 static int round_up(int64_t a, int b) { return (int)((a + b - 1) / b * b); }
 
 static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 
-// Decode (small M) is latency-bound: spread a row over many threads (about 2 vectors each) so
-// its loads all issue at once. Large M is bandwidth-bound: 4-8 vectors per thread keeps enough
-// bytes in flight per SM with fewer, cheaper blocks, and several rows share a block when a row
-// needs fewer than 128 threads. Exact divisors of the row are preferred (no idle lanes).
-LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp) {
+// How a row maps onto threads, from the launch variants timed on the H200
+// (benchmarks/results/epilogues: every op, both groupings, K 2048-8192, M 8 and 8192):
+//  - Decode (M <= 128) is latency-bound: one 16-byte vector per thread (the most threads, every
+//    load issued at once) up to 640 threads a row (K <= 5120); 2 vectors a thread beyond, where
+//    the cross-warp reduction of a wider block costs more than the extra loads.
+//  - Large M is bandwidth- and issue-bound: per-token rows run best with 4 vectors a thread
+//    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows with 2
+//    (the 16-lane group reduction then spans fewer vectors per thread).
+// Exact divisors of the row are preferred (no idle lanes); several short rows share a block
+// when a row needs fewer than 128 threads at large M.
+LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group) {
   if (op >= 0 && op < kOpCount && g_override[op].vpt > 0) return g_override[op];
   const bool latency = M <= 128;
-  static const int kLatencyOrder[] = {2, 1, 3, 4, 5, 6, 8};
-  static const int kThroughputOrder[] = {4, 5, 8, 6, 3, 2, 1};
-  const int* order = latency ? kLatencyOrder : kThroughputOrder;
+  static const int kDecodeNarrow[] = {1, 2, 3, 4, 5, 6, 8};
+  static const int kDecodeWide[] = {2, 1, 3, 4, 5, 6, 8};
+  static const int kBulkPerToken[] = {4, 2, 5, 3, 6, 8, 1};
+  static const int kBulkGroup[] = {2, 4, 1, 3, 5, 6, 8};
+  const int* order = latency ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide)
+                             : (group ? kBulkGroup : kBulkPerToken);
   LaunchConfig cfg = {0, 0, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
@@ -33,7 +62,7 @@ LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp) {
     break;
   }
   if (cfg.vpt == 0) {  // no exact fit: round threads up, idle lanes at the row's end
-    const int target = latency ? 2 : 4;
+    const int target = order[0];
     int tpr = round_up((nvec + target - 1) / target, warp);
     if (tpr > max_threads_for(target)) tpr = round_up((nvec + 5) / 6, warp);
     int v = (int)((nvec + tpr - 1) / tpr);
@@ -77,6 +106,12 @@ RAD_EXPORT const char* radiance_error_string(int code) {
   return rad_error_string_of(code);
 }
 
+// Not part of the serving contract: lets the benchmark time the launch with and without PDL.
+RAD_EXPORT int radiance_set_pdl(int on) {
+  radiance::g_pdl_switch = on ? 1 : 0;
+  return 0;
+}
+
 // Not part of the serving contract: lets the benchmark time launch variants in one process.
 // op: 0 add_rms_quant, 1 silu_mul_quant, 2 gdn_norm_quant; vpt 0 restores the heuristic.
 // Returns 0, or the invalid-value code for a config the kernels cannot run.
@@ -95,10 +130,10 @@ RAD_EXPORT int radiance_set_launch_config(int op, int vpt, int tpr, int rpb) {
 }
 
 // The config a call with (M, row vectors = K/8) would launch with; for reports.
-RAD_EXPORT int radiance_get_launch_config(int op, int64_t M, int64_t K, int* vpt, int* tpr,
-                                          int* rpb) {
+RAD_EXPORT int radiance_get_launch_config(int op, int64_t M, int64_t K, int group, int* vpt,
+                                          int* tpr, int* rpb) {
   using namespace radiance;
-  const LaunchConfig c = pick_config(op, M, K / 8, host_warp_size());
+  const LaunchConfig c = pick_config(op, M, K / 8, host_warp_size(), group != 0);
   *vpt = c.vpt;
   *tpr = c.tpr;
   *rpb = c.rpb;

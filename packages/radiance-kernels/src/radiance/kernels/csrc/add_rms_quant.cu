@@ -49,16 +49,23 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
 
   bool on[VPT];
   uint4 yv[VPT], rv[VPT], wv[VPT];
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  // 16-bit weights are static: fetched before the wait for the previous kernel, so their latency
+  // overlaps its tail (fp32 weights are read later, where they are used).
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const int64_t c = (int64_t)v * tpr + t;
     on[v] = row_ok && c < nvec;
-    const uint4 z = make_uint4(0, 0, 0, 0);
-    yv[v] = on[v] ? ld16(a.y + row * a.y_stride + c * 8) : z;
-    rv[v] = on[v] && has_res ? ld16(a.residual + row * a.K + c * 8) : z;
-    // 16-bit weights are fetched with the activations so their latency hides behind them.
     wv[v] = on[v] && w16 ? ld16(reinterpret_cast<const uint16_t*>(a.weight) + c * 8) : z;
   }
+  rad_wait_prior_grids();
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int64_t c = (int64_t)v * tpr + t;
+    yv[v] = on[v] ? ld16(a.y + row * a.y_stride + c * 8) : z;
+    rv[v] = on[v] && has_res ? ld16(a.residual + row * a.K + c * 8) : z;
+  }
+  rad_release_dependents();
 
   float x[VPT][8];
   float ss = 0.0f;
@@ -118,14 +125,14 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
 }
 
 template <int VPT>
-static void launch_add_rms(const AddRmsArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
+static rad_error_t launch_add_rms(const AddRmsArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
                            rad_stream_t stream) {
   if (bf16) {
-    if (group) add_rms_quant_kernel<VPT, true, true><<<grid, block, 0, stream>>>(a);
-    else add_rms_quant_kernel<VPT, true, false><<<grid, block, 0, stream>>>(a);
+    if (group) return rad_launch(add_rms_quant_kernel<VPT, true, true>, grid, block, stream, a);
+    else return rad_launch(add_rms_quant_kernel<VPT, true, false>, grid, block, stream, a);
   } else {
-    if (group) add_rms_quant_kernel<VPT, false, true><<<grid, block, 0, stream>>>(a);
-    else add_rms_quant_kernel<VPT, false, false><<<grid, block, 0, stream>>>(a);
+    if (group) return rad_launch(add_rms_quant_kernel<VPT, false, true>, grid, block, stream, a);
+    else return rad_launch(add_rms_quant_kernel<VPT, false, false>, grid, block, stream, a);
   }
 }
 
@@ -144,7 +151,7 @@ RAD_EXPORT int radiance_add_rms_quant(const void* y, int64_t y_stride, const voi
       !aligned(q, 8) || !aligned(scale, 4))
     return (int)rad_error_invalid_value;
   if (M == 0) return 0;
-  const LaunchConfig cfg = pick_config(kOpAddRms, M, K / 8, host_warp_size());
+  const LaunchConfig cfg = pick_config(kOpAddRms, M, K / 8, host_warp_size(), group != 0);
   if (cfg.vpt == 0) return (int)rad_error_invalid_value;
   AddRmsArgs a;
   a.y = static_cast<const uint16_t*>(y);
@@ -167,6 +174,7 @@ RAD_EXPORT int radiance_add_rms_quant(const void* y, int64_t y_stride, const voi
   const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
   const bool bf16 = act_dtype == 0, grp = group == 128;
   rad_stream_t s = static_cast<rad_stream_t>(stream);
-  RAD_DISPATCH_VPT(cfg.vpt, launch_add_rms<VPT>(a, bf16, grp, grid, block, s));
-  return (int)rad_get_last_error();
+  rad_error_t err = rad_success;
+  RAD_DISPATCH_VPT(cfg.vpt, err = launch_add_rms<VPT>(a, bf16, grp, grid, block, s));
+  return (int)err;
 }

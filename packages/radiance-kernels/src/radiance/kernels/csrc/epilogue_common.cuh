@@ -134,7 +134,9 @@ RAD_DEVICE float quant_scale(uint32_t amax_bits, int fmt) {
 RAD_DEVICE float div_by_scale(float x, float s, float r) {
   const float q0 = rad_mul(x, r);
   const float e = fmaf(-s, q0, x);
-  return fmaf(e, r, q0);
+  // s > 0, so x / s has x's sign, zeros included; the correction step alone would turn x = -0
+  // into +0 (-0 + +0 rounds to +0), where torch's division keeps -0 and its cast gives code 0x80.
+  return copysignf(fmaf(e, r, q0), x);
 }
 
 // Quantizes 8 act-dtype values (given as floats) of one vector with scale s and stores 8 codes.
@@ -238,7 +240,7 @@ namespace radiance {
 enum OpId { kOpAddRms = 0, kOpSiluMul = 1, kOpGdnNorm = 2, kOpCount = 3 };
 
 // Defined in abi.cu.
-LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp);
+LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group);
 int host_warp_size();
 bool aligned(const void* p, int bytes);
 

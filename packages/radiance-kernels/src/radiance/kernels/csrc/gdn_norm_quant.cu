@@ -35,6 +35,13 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   const bool row_ok = row < a.M;
   const int64_t nvec = a.N / 8;
 
+  // tpr*8 is a multiple of head_dim (tpr % 32 == 0, head_dim <= 256), so a thread sees the same
+  // 8 weights in every vector it owns. The weight is static: read before the wait for the
+  // previous kernel (see rad_wait_prior_grids).
+  float w[8];
+  load_weight8(a.weight, a.wdtype, (int64_t)(t % a.head_lanes) * 8, w);
+  rad_wait_prior_grids();
+
   bool on[VPT];
   uint4 xv[VPT], zv[VPT];
 #pragma unroll
@@ -45,10 +52,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     xv[v] = on[v] ? ld16(a.x + row * a.x_stride + c * 8) : zero;
     zv[v] = on[v] ? ld16(a.z + row * a.z_stride + c * 8) : zero;
   }
-  // tpr*8 is a multiple of head_dim (tpr % 32 == 0, head_dim <= 256), so a thread sees the same
-  // 8 weights in every vector it owns.
-  float w[8];
-  load_weight8(a.weight, a.wdtype, (int64_t)(t % a.head_lanes) * 8, w);
+  rad_release_dependents();
 
   uint4 o[VPT];
 #pragma unroll
@@ -75,14 +79,14 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
 }
 
 template <int VPT>
-static void launch_gdn(const GdnArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
+static rad_error_t launch_gdn(const GdnArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
                        rad_stream_t stream) {
   if (bf16) {
-    if (group) gdn_norm_quant_kernel<VPT, true, true><<<grid, block, 0, stream>>>(a);
-    else gdn_norm_quant_kernel<VPT, true, false><<<grid, block, 0, stream>>>(a);
+    if (group) return rad_launch(gdn_norm_quant_kernel<VPT, true, true>, grid, block, stream, a);
+    else return rad_launch(gdn_norm_quant_kernel<VPT, true, false>, grid, block, stream, a);
   } else {
-    if (group) gdn_norm_quant_kernel<VPT, false, true><<<grid, block, 0, stream>>>(a);
-    else gdn_norm_quant_kernel<VPT, false, false><<<grid, block, 0, stream>>>(a);
+    if (group) return rad_launch(gdn_norm_quant_kernel<VPT, false, true>, grid, block, stream, a);
+    else return rad_launch(gdn_norm_quant_kernel<VPT, false, false>, grid, block, stream, a);
   }
 }
 
@@ -103,7 +107,7 @@ RAD_EXPORT int radiance_gdn_norm_quant(const void* x, int64_t x_stride, const vo
       !aligned(scale, 4))
     return (int)rad_error_invalid_value;
   if (M == 0) return 0;
-  const LaunchConfig cfg = pick_config(kOpGdnNorm, M, N / 8, host_warp_size());
+  const LaunchConfig cfg = pick_config(kOpGdnNorm, M, N / 8, host_warp_size(), group != 0);
   if (cfg.vpt == 0) return (int)rad_error_invalid_value;
   GdnArgs a;
   a.x = static_cast<const uint16_t*>(x);
@@ -125,6 +129,7 @@ RAD_EXPORT int radiance_gdn_norm_quant(const void* x, int64_t x_stride, const vo
   a.rpb = cfg.rpb;
   const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
-  RAD_DISPATCH_VPT(cfg.vpt, launch_gdn<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
-  return (int)rad_get_last_error();
+  rad_error_t err = rad_success;
+  RAD_DISPATCH_VPT(cfg.vpt, err = launch_gdn<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
+  return (int)err;
 }

@@ -172,3 +172,53 @@ RAD_DEVICE uint32_t rad_fp8_fn_pair_finite(float a, float b) {
   return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 #endif
 }
+
+// ---- launch with programmatic dependent launch (PDL) ---------------------------------------
+// Decode-size epilogues are launch-bound: most of a call is the gap between the previous
+// kernel's end and this one's first load. On sm_90+ a kernel launched with programmatic stream
+// serialization may start while its predecessor is still finishing; it reads the (static)
+// weights, then waits in rad_wait_prior_grids() until the predecessor has completed and its
+// writes are visible, and only then touches activations or writes anything. Every global read of
+// data another kernel produces, and every global write, comes after that wait, so the stream's
+// ordering is kept exactly. rad_release_dependents() lets our own successor start its prologue
+// early in the same way; a successor launched without PDL waits for our completion as usual.
+// HIP has no equivalent: both calls compile to nothing and the launch is a plain one.
+RAD_DEVICE void rad_wait_prior_grids() {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+RAD_DEVICE void rad_release_dependents() {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+namespace radiance {
+bool pdl_enabled();  // sm_90+ and not switched off (abi.cu)
+}
+
+template <typename Arg>
+inline rad_error_t rad_launch(void (*kernel)(Arg), dim3 grid, dim3 block, rad_stream_t stream,
+                              const Arg& arg) {
+#ifdef RADIANCE_HIP
+  kernel<<<grid, block, 0, stream>>>(arg);
+  return hipGetLastError();
+#else
+  if (!radiance::pdl_enabled()) {
+    kernel<<<grid, block, 0, stream>>>(arg);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, arg);
+#endif
+}

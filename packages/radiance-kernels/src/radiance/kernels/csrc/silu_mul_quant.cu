@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
 
   bool on[VPT];
   uint4 gv[VPT], uv[VPT];
+  rad_wait_prior_grids();
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
     const int64_t c = (int64_t)v * tpr + t;
@@ -42,6 +43,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     gv[v] = on[v] ? ld16(base) : z;
     uv[v] = on[v] ? ld16(base + a.N) : z;
   }
+  rad_release_dependents();
   uint4 o[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
@@ -61,14 +63,14 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
 }
 
 template <int VPT>
-static void launch_silu_mul(const SiluMulArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
+static rad_error_t launch_silu_mul(const SiluMulArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
                             rad_stream_t stream) {
   if (bf16) {
-    if (group) silu_mul_quant_kernel<VPT, true, true><<<grid, block, 0, stream>>>(a);
-    else silu_mul_quant_kernel<VPT, true, false><<<grid, block, 0, stream>>>(a);
+    if (group) return rad_launch(silu_mul_quant_kernel<VPT, true, true>, grid, block, stream, a);
+    else return rad_launch(silu_mul_quant_kernel<VPT, true, false>, grid, block, stream, a);
   } else {
-    if (group) silu_mul_quant_kernel<VPT, false, true><<<grid, block, 0, stream>>>(a);
-    else silu_mul_quant_kernel<VPT, false, false><<<grid, block, 0, stream>>>(a);
+    if (group) return rad_launch(silu_mul_quant_kernel<VPT, false, true>, grid, block, stream, a);
+    else return rad_launch(silu_mul_quant_kernel<VPT, false, false>, grid, block, stream, a);
   }
 }
 
@@ -84,7 +86,7 @@ RAD_EXPORT int radiance_silu_mul_quant(const void* gu, int64_t gu_stride, void* 
       !aligned(q, 8) || !aligned(scale, 4))
     return (int)rad_error_invalid_value;
   if (M == 0) return 0;
-  const LaunchConfig cfg = pick_config(kOpSiluMul, M, N / 8, host_warp_size());
+  const LaunchConfig cfg = pick_config(kOpSiluMul, M, N / 8, host_warp_size(), group != 0);
   if (cfg.vpt == 0) return (int)rad_error_invalid_value;
   SiluMulArgs a;
   a.gu = static_cast<const uint16_t*>(gu);
@@ -98,6 +100,7 @@ RAD_EXPORT int radiance_silu_mul_quant(const void* gu, int64_t gu_stride, void* 
   a.rpb = cfg.rpb;
   const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
-  RAD_DISPATCH_VPT(cfg.vpt, launch_silu_mul<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
-  return (int)rad_get_last_error();
+  rad_error_t err = rad_success;
+  RAD_DISPATCH_VPT(cfg.vpt, err = launch_silu_mul<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
+  return (int)err;
 }
