@@ -36,27 +36,35 @@ def _demo(args: argparse.Namespace) -> int:
         model_dir = tiny_models.build(args.kind, args.dtype)
         _say(f"model: {model_dir} ({tiny_models.describe(args.kind)}; {time.monotonic() - t0:.1f} s)")
 
-    llm_kwargs = {}
-    if args.eager:
-        llm_kwargs["enforce_eager"] = True
+    llm_kwargs = {"enforce_eager": args.eager}
+    if args.model:
+        llm_kwargs.pop("dtype", None)
+    prompts = args.prompt or DEFAULT_PROMPTS
     _say("starting vLLM with radiance loaded and generating; vLLM's log follows "
          "(a first start on a CPU takes about a minute) ...")
     t1 = time.monotonic()
-    result = generate.generate(
-        model_dir, args.prompt or DEFAULT_PROMPTS, max_tokens=args.max_tokens, llm_kwargs=llm_kwargs
+    res = generate.run_vllm_generate(
+        model_dir,
+        prompts,
+        sampling={"max_tokens": args.max_tokens, "temperature": 0.0},
+        llm_kwargs=llm_kwargs,
+        # engine core in this child process: its install record and selections come back
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        timeout_s=1800,
+        stream_log=True,
     )
     _say(f"generation done in {time.monotonic() - t1:.1f} s")
 
     print()
-    for prompt, text in zip(args.prompt or DEFAULT_PROMPTS, result.texts):
-        print(f"  prompt: {prompt!r}\n  output: {text!r}\n")
+    for prompt, out in zip(prompts, res["outputs"]):
+        print(f"  prompt: {prompt!r}\n  output: {out['text']!r}\n")
     from radiance.kernels.registry import report_lines
     from radiance.plugin.record import Entry, lines
 
-    for line in lines([Entry(**e) for e in result.record]):
+    for line in lines([Entry(**e) for e in res["record"]]):
         print(line)
     print()
-    for line in report_lines(result.selections, "radiance kernel selection") or [
+    for line in report_lines(res["selections"], "radiance kernel selection") or [
         "radiance kernel selection: no kernel was asked for"
     ]:
         print(line)
