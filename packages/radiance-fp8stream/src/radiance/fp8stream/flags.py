@@ -1,0 +1,50 @@
+"""The stream's environment flags, read and validated in one place.
+
+Both flags take exactly ``0`` or ``1``; anything else is a configuration mistake and raises a
+``ValueError`` naming the flag and the value, so a typo never silently leaves the stream off.
+"""
+
+from __future__ import annotations
+
+import os
+
+STREAM = "RADIANCE_FP8_STREAM"
+GDN_NORM_QUANT = "RADIANCE_GDN_NORM_QUANT"
+
+# Defaults until the H200 measurements of the benchmark decide otherwise.
+DEFAULTS = {STREAM: "0", GDN_NORM_QUANT: "0"}
+
+
+def _read(name: str) -> bool:
+    raw = os.environ.get(name, DEFAULTS[name])
+    value = raw.strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+    return value == "1"
+
+
+def stream_enabled() -> bool:
+    """``RADIANCE_FP8_STREAM``: rewrite the decoder layers after load."""
+    return _read(STREAM)
+
+
+def gdn_norm_quant_enabled() -> bool:
+    """``RADIANCE_GDN_NORM_QUANT``: also fuse the GatedDeltaNet output norm with its quant."""
+    return _read(GDN_NORM_QUANT)
+
+
+def validate() -> tuple[bool, bool]:
+    """Both flags, validated (raises ``ValueError`` on a bad value)."""
+    return stream_enabled(), gdn_norm_quant_enabled()
+
+
+def cache_factors() -> dict[str, str]:
+    """What the stream adds to vLLM's compile-cache key while it is on."""
+    from radiance.fp8stream.__about__ import __version__
+
+    stream, gdn = validate()
+    return {
+        "radiance.fp8stream.version": __version__,
+        STREAM: "1" if stream else "0",
+        GDN_NORM_QUANT: "1" if gdn else "0",
+    }
