@@ -14,7 +14,9 @@ Plans (the sites ``radiance.fp8stream.rewrite`` installs; GDN inputs and MoE MLP
                       every MLP sparse MoE: 12 input sites (full-attention layers; K=2048) and
                       36 gdn_norm sites (value dim 32 x 128 = 4096, head dim 128).
   qwen3-32b (dense)   64 layers, hidden 5120, intermediate 25600, plain RMSNorm: 64 input,
-                      64 mid (K=5120) and 64 act (N=25600) sites.
+                      64 mid (K=5120) and 64 act (N=25600) sites; at tp=1 the act row is
+                      wider than the kernels serve (24576), so install() leaves it stock and
+                      so does this plan.
 
 Decode-time epilogue inputs were just written by the GEMM before them and are L2-resident, so
 inputs are not rotated. Runs without vLLM; needs a CUDA GPU (prints why and exits otherwise).
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
         torch._dynamo.config.recompile_limit = 256
     torch._dynamo.config.automatic_dynamic_shapes = False
 
-    from radiance.kernels import ops, reference
+    from radiance.kernels import ops, reference, registry
 
     fp8 = reference.platform_fp8_dtype()
     why_no_kernel = ops.unavailable_reason(0)
@@ -203,8 +205,17 @@ def main(argv=None) -> int:
                     "stream_us": 0.0, "stock_kernels": 0, "stream_kernels": 0, "sites": 0}
             for site, count in plan["sites"]:
                 key = (site.op, site.k, site.gemma, site.head_dim, m)
+                # install() leaves a site stock when no kernel serves its shape: so does the plan
+                served = registry.select(
+                    site.op, device="cuda", device_index=torch.cuda.current_device(),
+                    dtype="bfloat16", K=site.k, group=GROUP,
+                    fp8=str(fp8).removeprefix("torch."))
                 if key not in measured:
                     measured[key] = _measure(site, m, gen, fp8, why_no_kernel, args)
+                    if not served:
+                        measured[key].update(stream_us=measured[key]["stock_us"],
+                                             stream_kernels=measured[key]["stock_kernels"],
+                                             left_stock=served.reason)
                 row = {"model": model, "M": m, "site": site.kind, "op": site.op, "K": site.k,
                        "count": count, **measured[key]}
                 stock_k = row["stock_kernels"]
@@ -218,6 +229,8 @@ def main(argv=None) -> int:
                 if row["stream_us"] is not None:
                     step["stream_us"] += count * row["stream_us"]
                     step["stream_kernels"] += count * row["stream_kernels"]
+                if row.get("left_stock"):
+                    print(f"  {model:20s} M={m:<3d} {site.kind:8s} left stock: {row['left_stock']}")
                 print(f"  {model:20s} M={m:<3d} {site.kind:8s} x{count:<3d} stock {row['stock_us']:7.2f} us "
                       f"({stock_k} kernels)  stream "
                       + (f"{row['stream_us']:7.2f} us ({row['stream_kernels']} kernels)"

@@ -13,10 +13,14 @@ def test_bad_flag_values_raise_clear_value_error(monkeypatch, name, bad):
         vllm_patches.install()
 
 
-def test_defaults_are_off(monkeypatch):
+def test_defaults_stream_on_gdn_norm_off(monkeypatch):
     monkeypatch.delenv(flags.STREAM, raising=False)
     monkeypatch.delenv(flags.GDN_NORM_QUANT, raising=False)
-    assert flags.validate() == (False, False)
+    assert flags.validate() == (True, False)
+
+
+def test_stream_off_installs_nothing(monkeypatch):
+    monkeypatch.setenv(flags.STREAM, "0")
     applied, detail = vllm_patches.install()
     assert applied is False and "RADIANCE_FP8_STREAM=0" in detail
 

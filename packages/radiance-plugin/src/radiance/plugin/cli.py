@@ -38,22 +38,23 @@ def _demo(args: argparse.Namespace) -> int:
 
     llm_kwargs = {"enforce_eager": args.eager}
     if args.model:
-        llm_kwargs.pop("dtype", None)
+        llm_kwargs["dtype"] = "auto"  # the tiny models are bf16; a user's model says its own
     prompts = args.prompt or DEFAULT_PROMPTS
-    _say("starting vLLM with radiance loaded and generating; vLLM's log follows "
-         "(a first start on a CPU takes about a minute) ...")
-    t1 = time.monotonic()
-    res = generate.run_vllm_generate(
-        model_dir,
-        prompts,
-        sampling={"max_tokens": args.max_tokens, "temperature": 0.0},
-        llm_kwargs=llm_kwargs,
-        # engine core in this child process: its install record and selections come back
-        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        timeout_s=1800,
-        stream_log=True,
-    )
-    _say(f"generation done in {time.monotonic() - t1:.1f} s")
+    sampling = {"max_tokens": args.max_tokens, "temperature": 0.0}
+
+    def run(label: str, env: dict[str, str]) -> dict:
+        _say(f"{label}: starting vLLM with radiance loaded and generating; vLLM's log follows "
+             "(a first start on a CPU takes about a minute) ...")
+        t1 = time.monotonic()
+        # the engine core runs in this child process: its install record and selections come back
+        res = generate.run_vllm_generate(
+            model_dir, prompts, sampling=sampling, llm_kwargs=llm_kwargs,
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env}, timeout_s=1800, stream_log=True)
+        _say(f"{label}: generation done in {time.monotonic() - t1:.1f} s")
+        return res
+
+    res = run("radiance", {})
+    off = None if args.no_compare else run("fp8 stream off", {"RADIANCE_FP8_STREAM": "0"})
 
     print()
     for prompt, out in zip(prompts, res["outputs"]):
@@ -68,6 +69,15 @@ def _demo(args: argparse.Namespace) -> int:
         "radiance kernel selection: no kernel was asked for"
     ]:
         print(line)
+    if off is not None:
+        from radiance.fp8stream import demo as stream_demo
+
+        print()
+        summary = stream_demo.summary_from(res["selections"])
+        for line in stream_demo.compare_lines(
+            [o["text"] for o in res["outputs"]], [o["text"] for o in off["outputs"]], summary
+        ):
+            print(line)
     return 0
 
 
@@ -126,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     demo.add_argument("--max-tokens", type=int, default=16)
     demo.add_argument("--eager", action="store_true", help="skip vLLM's torch.compile")
+    demo.add_argument("--no-compare", action="store_true",
+                      help="skip the second run with the fp8 stream off")
     demo.set_defaults(func=_demo)
 
     status = sub.add_parser("status", help="what is installed here and which flags are set")

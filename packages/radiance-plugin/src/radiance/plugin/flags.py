@@ -33,9 +33,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("RADIANCE_PRESHUFFLE", "0", "gemm",
          "1: on ROCm with a recent AITER, shuffle genuine 128x128-block weights at load and "
          "route them to AITER's preshuffle GEMM (not yet measured on AMD, so off)"),
-    Flag("RADIANCE_FP8_STREAM", "0", "fp8stream",
-         "1: rewrite decoder layers so each RowParallel epilogue is one fused op feeding "
-         "the next FP8 linears"),
+    Flag("RADIANCE_FP8_STREAM", "1", "fp8stream",
+         "rewrite decoder layers so each RowParallel epilogue is one fused op feeding the next "
+         "FP8 linears; 0 leaves them stock"),
     Flag("RADIANCE_GDN_NORM_QUANT", "0", "fp8stream",
          "1: also fuse Qwen3-Next's GatedDeltaNet output norm with its quant (stream on only)"),
     Flag("RADIANCE_ATTN", "1", "attn",
