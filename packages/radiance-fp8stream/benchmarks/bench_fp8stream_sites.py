@@ -30,12 +30,13 @@ import argparse
 import datetime
 import json
 import platform
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from radiance.kernels.benchmarking import graph_replay_us
 
 GROUP = 128
 EPS = 1e-6
@@ -115,28 +116,7 @@ def _kernels(fn, args) -> int:
 
 
 def _graph_median_us(fn, args, reps: int, replays: int) -> float:
-    """Median over graph replays of (replay time / calls captured in the graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn(*args)
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / reps)
-    return statistics.median(times)
+    return graph_replay_us([lambda: fn(*args)] * reps, replays=replays)
 
 
 def _measure(site: Site, m: int, gen, fp8, why_no_kernel, args) -> dict:

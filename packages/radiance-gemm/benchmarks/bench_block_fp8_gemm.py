@@ -22,7 +22,6 @@ import datetime
 import json
 import math
 import platform as _platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,8 @@ try:
 except ImportError:  # run from a checkout without the packages installed
     _PKGS = Path(__file__).resolve().parents[2]
     sys.path[:0] = [str(_PKGS / "radiance-gemm" / "src"), str(_PKGS / "radiance-kernels" / "src")]
+
+from radiance.kernels.benchmarking import graph_replay_us  # noqa: E402
 
 COPY_BW = 4.25e12  # bytes/s, H200 device-to-device copy, measured here
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)
@@ -83,29 +84,8 @@ def unique_shapes():
 
 def time_graph(fn, copies: int, warmup: int = 2, replays: int = 7) -> float:
     """Median seconds per call: one CUDA graph that calls ``fn(i)`` for every weight copy i."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(min(copies, 3)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            fn(i)
-    for _ in range(warmup):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / copies)
-    del graph
-    return statistics.median(times)
+    calls = [lambda i=i: fn(i) for i in range(copies)]
+    return graph_replay_us(calls, warmup=warmup, replays=replays) * 1e-6
 
 
 def main() -> int:

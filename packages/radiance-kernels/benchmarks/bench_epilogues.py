@@ -14,10 +14,11 @@ import argparse
 import datetime
 import json
 import pathlib
-import statistics
 import sys
 
 import torch
+
+from radiance.kernels.benchmarking import graph_replay_us
 
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
 KS = (2048, 4096, 5120, 8192)
@@ -52,29 +53,7 @@ def required_bytes(op, m, k, group):
 
 def graph_time_us(fn, sets, calls=None):
     calls = calls or max(len(sets), 20)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for a in sets[:2]:
-            fn(*a)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        graph.replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) * 1000.0 / calls)
-    del graph
-    return statistics.median(times)
+    return graph_replay_us([lambda a=sets[i % len(sets)]: fn(*a) for i in range(calls)])
 
 
 def main() -> int:

@@ -124,17 +124,6 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.K, a.q, a.scale, a.fmt, red_max);
 }
 
-template <int VPT>
-static rad_error_t launch_add_rms(const AddRmsArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
-                           rad_stream_t stream) {
-  if (bf16) {
-    if (group) return rad_launch(add_rms_quant_kernel<VPT, true, true>, grid, block, stream, a);
-    else return rad_launch(add_rms_quant_kernel<VPT, true, false>, grid, block, stream, a);
-  } else {
-    if (group) return rad_launch(add_rms_quant_kernel<VPT, false, true>, grid, block, stream, a);
-    else return rad_launch(add_rms_quant_kernel<VPT, false, false>, grid, block, stream, a);
-  }
-}
 
 }  // namespace radiance
 
@@ -175,6 +164,6 @@ RAD_EXPORT int radiance_add_rms_quant(const void* y, int64_t y_stride, const voi
   const bool bf16 = act_dtype == 0, grp = group == 128;
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  RAD_DISPATCH_VPT(cfg.vpt, err = launch_add_rms<VPT>(a, bf16, grp, grid, block, s));
+  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(add_rms_quant_kernel, VPT, bf16, grp, grid, block, s, a));
   return (int)err;
 }

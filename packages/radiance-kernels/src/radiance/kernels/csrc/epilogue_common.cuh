@@ -247,6 +247,14 @@ bool aligned(const void* p, int bytes);
 }  // namespace radiance
 
 // Expands `BODY` with a compile-time VPT matching cfg.vpt (1..6, 8).
+// Launches KERNEL<VPT, BF16, GROUP> for the runtime (bf16, group) pair: each op compiles all four
+// per vectors-per-thread count, and picks one per call.
+#define RAD_LAUNCH_TYPED(KERNEL, VPT, bf16, group, grid, block, stream, args)           \
+  ((bf16) ? ((group) ? rad_launch(KERNEL<VPT, true, true>, grid, block, stream, args)    \
+                     : rad_launch(KERNEL<VPT, true, false>, grid, block, stream, args))  \
+          : ((group) ? rad_launch(KERNEL<VPT, false, true>, grid, block, stream, args)   \
+                     : rad_launch(KERNEL<VPT, false, false>, grid, block, stream, args)))
+
 #define RAD_DISPATCH_VPT(vpt, BODY)                   \
   switch (vpt) {                                      \
     case 1: { constexpr int VPT = 1; BODY; } break;   \

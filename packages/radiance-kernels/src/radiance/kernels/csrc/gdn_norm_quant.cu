@@ -78,17 +78,6 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.N, a.q, a.scale, a.fmt, red_max);
 }
 
-template <int VPT>
-static rad_error_t launch_gdn(const GdnArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
-                       rad_stream_t stream) {
-  if (bf16) {
-    if (group) return rad_launch(gdn_norm_quant_kernel<VPT, true, true>, grid, block, stream, a);
-    else return rad_launch(gdn_norm_quant_kernel<VPT, true, false>, grid, block, stream, a);
-  } else {
-    if (group) return rad_launch(gdn_norm_quant_kernel<VPT, false, true>, grid, block, stream, a);
-    else return rad_launch(gdn_norm_quant_kernel<VPT, false, false>, grid, block, stream, a);
-  }
-}
 
 }  // namespace radiance
 
@@ -130,6 +119,6 @@ RAD_EXPORT int radiance_gdn_norm_quant(const void* x, int64_t x_stride, const vo
   const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  RAD_DISPATCH_VPT(cfg.vpt, err = launch_gdn<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
+  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(gdn_norm_quant_kernel, VPT, act_dtype == 0, group == 128, grid, block, s, a));
   return (int)err;
 }

@@ -62,17 +62,6 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.N, a.q, a.scale, a.fmt, red_max);
 }
 
-template <int VPT>
-static rad_error_t launch_silu_mul(const SiluMulArgs& a, bool bf16, bool group, dim3 grid, dim3 block,
-                            rad_stream_t stream) {
-  if (bf16) {
-    if (group) return rad_launch(silu_mul_quant_kernel<VPT, true, true>, grid, block, stream, a);
-    else return rad_launch(silu_mul_quant_kernel<VPT, true, false>, grid, block, stream, a);
-  } else {
-    if (group) return rad_launch(silu_mul_quant_kernel<VPT, false, true>, grid, block, stream, a);
-    else return rad_launch(silu_mul_quant_kernel<VPT, false, false>, grid, block, stream, a);
-  }
-}
 
 }  // namespace radiance
 
@@ -101,6 +90,6 @@ RAD_EXPORT int radiance_silu_mul_quant(const void* gu, int64_t gu_stride, void* 
   const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  RAD_DISPATCH_VPT(cfg.vpt, err = launch_silu_mul<VPT>(a, act_dtype == 0, group == 128, grid, block, s));
+  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(silu_mul_quant_kernel, VPT, act_dtype == 0, group == 128, grid, block, s, a));
   return (int)err;
 }
