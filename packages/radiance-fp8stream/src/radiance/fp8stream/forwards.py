@@ -60,16 +60,26 @@ def _mid_epilogue(self, plan: LayerPlan, attn_out, residual):
     return self.mlp((q, scale)), residual
 
 
+def _input(self, plan: LayerPlan, hidden_states, residual):
+    """The layer's input side: the fused epilogue where planned, else the stock input norm."""
+    if plan.input is not None:
+        return _input_epilogue(self, plan, hidden_states, residual)
+    if residual is None:
+        return self.input_layernorm(hidden_states), hidden_states
+    return self.input_layernorm(hidden_states, residual)
+
+
+def _layer_scaled(hidden_states, scale):
+    """Qwen3-Next's optional per-layer scale, as its stock forward applies it."""
+    if len(hidden_states.shape) == 2:
+        return hidden_states * (scale.to(hidden_states.dtype)[0] + 1)
+    return hidden_states * (scale.to(hidden_states.dtype) + 1)
+
+
 def qwen3_next_forward(self, hidden_states, residual, positions, **kwargs):
     """Stream form of ``Qwen3NextDecoderLayer.forward`` (Gemma norms, GDN or full attention)."""
     plan: LayerPlan = self._radiance_fp8stream
-    if plan.input is not None:
-        hidden_states, residual = _input_epilogue(self, plan, hidden_states, residual)
-    elif residual is None:
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-    else:
-        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+    hidden_states, residual = _input(self, plan, hidden_states, residual)
 
     if self.layer_type == "linear_attention":
         hidden_states = self.linear_attn(hidden_states=hidden_states)
@@ -77,10 +87,7 @@ def qwen3_next_forward(self, hidden_states, residual, positions, **kwargs):
         hidden_states = self.self_attn(hidden_states=hidden_states, positions=positions)
 
     if self.layer_scale:  # only with the mid site off (rewrite's guard)
-        if len(hidden_states.shape) == 2:
-            hidden_states = hidden_states * (self.attn_layer_scale.to(hidden_states.dtype)[0] + 1)
-        else:
-            hidden_states = hidden_states * (self.attn_layer_scale.to(hidden_states.dtype) + 1)
+        hidden_states = _layer_scaled(hidden_states, self.attn_layer_scale)
 
     if plan.mid is not None:
         hidden_states, residual = _mid_epilogue(self, plan, hidden_states, residual)
@@ -89,23 +96,14 @@ def qwen3_next_forward(self, hidden_states, residual, positions, **kwargs):
         hidden_states = self.mlp(hidden_states)
 
     if self.layer_scale:
-        if len(hidden_states.shape) == 2:
-            hidden_states = hidden_states * (self.ffn_layer_scale.to(hidden_states.dtype)[0] + 1)
-        else:
-            hidden_states = hidden_states * (self.ffn_layer_scale.to(hidden_states.dtype) + 1)
+        hidden_states = _layer_scaled(hidden_states, self.ffn_layer_scale)
     return hidden_states, residual
 
 
 def dense_forward(self, positions, hidden_states, residual, **kwargs):
     """Stream form of the Llama / Qwen3 decoder layer (plain RMSNorm)."""
     plan: LayerPlan = self._radiance_fp8stream
-    if plan.input is not None:
-        hidden_states, residual = _input_epilogue(self, plan, hidden_states, residual)
-    elif residual is None:
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-    else:
-        hidden_states, residual = self.input_layernorm(hidden_states, residual)
+    hidden_states, residual = _input(self, plan, hidden_states, residual)
     hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
     if plan.mid is not None:
         return _mid_epilogue(self, plan, hidden_states, residual)
