@@ -94,6 +94,11 @@ def test_tensor_parallel_2_through_the_plugin_equals_stream_off():
     tp2 = [m for m in map(SUMMARY.search, lines) if m and m.group(1) == "2"]
     assert len(tp2) == 2, on["log"][-3000:]
     assert all(m.group(3) == "1" and m.group(4) == "2" for m in tp2)
+    # The one-kernel all-reduce needs GPUs: both ranks reach the same decision, say why, and the
+    # two-step path serves (the tokens above).
+    off = [line for line in on["log"].splitlines()
+           if "fused all-reduce epilogue off: rank 0: no CUDA/ROCm GPU (device cpu)" in line]
+    assert len(off) == 2, on["log"][-3000:]
 
 
 def test_tensor_parallel_2_opaque_ops_all_reduce_inside_equal_stock():

@@ -38,13 +38,24 @@ GOOD = textwrap.dedent("""
         int, void*) { return 0; }
     int radiance_gdn_norm_quant(const void*, int64_t, const void*, int64_t, const void*, int,
         void*, float*, int64_t, int64_t, int64_t, float, int, int, int, void*) { return 0; }
+    int radiance_ipc_handle_bytes(void) { return 64; }
+    int radiance_peer_region_alloc(int64_t, void**, void*) { return 0; }
+    int radiance_peer_region_open(const void*, void**) { return 0; }
+    int radiance_peer_region_close(void*) { return 0; }
+    int radiance_peer_region_free(void*) { return 0; }
+    int radiance_peer_set_create(int, int, void* const*, int64_t, void**) { return 0; }
+    int radiance_peer_set_destroy(void*) { return 0; }
+    int radiance_peer_set_handshake(const void*, int64_t, int*, void*) { return 0; }
+    int radiance_all_reduce(const void*, const void*, void*, int64_t, int, void*) { return 0; }
+    int radiance_ar_add_rms_quant(const void*, const void*, const void*, const void*, int, void*,
+        float*, void*, int64_t, int64_t, float, int, int, int, int, void*) { return 0; }
     }
 """)
 
 
-def _write(dir_: Path, text: str, abi: int = 1, name: str = "tiny.cu") -> Path:
+def _write(dir_: Path, text: str, abi: int = library.ABI_VERSION, name: str = "tiny.cu") -> Path:
     dir_.mkdir(parents=True, exist_ok=True)
-    (dir_ / name).write_text(text.replace("ABI", str(abi)))
+    (dir_ / name).write_text(text.replace("return ABI;", f"return {abi};"))
     (dir_ / "portable.h").write_text("// header hashed with the sources\n")
     return dir_
 
@@ -182,9 +193,9 @@ def test_first_use_builds_and_loads(fake_gpu, tmp_path):
 
 @needs_nvcc
 def test_wrong_abi_version_is_unavailable(fake_gpu, tmp_path):
-    fake_gpu(_write(tmp_path / "src", GOOD, abi=2))
+    fake_gpu(_write(tmp_path / "src", GOOD, abi=1))
     assert library.get() is None
-    assert "ABI version 2, expected 1" in library.why_not()
+    assert "ABI version 1, expected 2" in library.why_not()
 
 
 BAD = "__global__ void broken( { }\n"

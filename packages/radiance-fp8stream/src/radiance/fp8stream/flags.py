@@ -1,6 +1,6 @@
 """The stream's environment flags, read and validated in one place.
 
-Both flags take exactly ``0`` or ``1``; anything else is a configuration mistake and raises a
+Every flag takes exactly ``0`` or ``1``; anything else is a configuration mistake and raises a
 ``ValueError`` naming the flag and the value, so a typo never silently leaves the stream off.
 """
 
@@ -10,13 +10,16 @@ import os
 
 STREAM = "RADIANCE_FP8_STREAM"
 GDN_NORM_QUANT = "RADIANCE_GDN_NORM_QUANT"
+FUSED_ALLREDUCE = "RADIANCE_FUSED_ALLREDUCE"
 
 # Decided by the H200 per-site measurements (benchmarks/results): the fused input and mid
 # epilogues beat the compiled stock chain at every measured M in all three runs (1.7-2.9 us saved per
 # site), so the stream is on. The GatedDeltaNet norm epilogue (2.5-3.1 us) lost to stock at M = 1
 # in one of three runs (2.50 vs 2.06 us; stock moved between 2.06 and 6.71 us across runs):
 # opt-in until that baseline is settled.
-DEFAULTS = {STREAM: "1", GDN_NORM_QUANT: "0"}
+# The one-kernel all-reduce epilogue at tensor-parallel size > 1 is exact (bit-identical to
+# all-reduce + the epilogue kernel on every rank), so it is on wherever the peer setup succeeds.
+DEFAULTS = {STREAM: "1", GDN_NORM_QUANT: "0", FUSED_ALLREDUCE: "1"}
 
 
 def _read(name: str) -> bool:
@@ -37,8 +40,16 @@ def gdn_norm_quant_enabled() -> bool:
     return _read(GDN_NORM_QUANT)
 
 
+def fused_allreduce_enabled() -> bool:
+    """``RADIANCE_FUSED_ALLREDUCE``: at tensor-parallel size > 1, fold the all-reduce into the
+    epilogue kernel (one launch per site) where the peer setup succeeds and the shape allows."""
+    return _read(FUSED_ALLREDUCE)
+
+
 def validate() -> tuple[bool, bool]:
-    """Both flags, validated (raises ``ValueError`` on a bad value)."""
+    """The stream and gdn flags (``RADIANCE_FUSED_ALLREDUCE`` is checked too); raises
+    ``ValueError`` on a bad value of any of them."""
+    fused_allreduce_enabled()
     return stream_enabled(), gdn_norm_quant_enabled()
 
 

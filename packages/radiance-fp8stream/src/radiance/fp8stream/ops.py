@@ -8,10 +8,12 @@ data-dependent size or reads a device value on the host, so capture is safe.
 
 ``ar_add_rms_quant`` finishes a RowParallel linear's epilogue: the tensor-parallel all-reduce of
 the partial sum ``y`` (vLLM's own all-reduce, so its custom/NCCL choice is kept), then residual
-add + RMSNorm + dynamic FP8 quant. With tensor-parallel size 1 there is nothing to reduce. With
-``residual=None`` (the first layer) ``y`` is the embedding output, already complete: no
-all-reduce, plain RMSNorm + quant, and the third output is an empty ``[0, K]`` tensor because
-the stream continues from ``y`` itself, which the op may not hand back.
+add + RMSNorm + dynamic FP8 quant; where radiance's peer all-reduce is set up and the shape
+allows, both run as one kernel instead (``fused_all_reduce``). With tensor-parallel size 1 there
+is nothing to reduce. With ``residual=None`` (the first layer) ``y`` is the embedding output,
+already complete: no all-reduce, plain RMSNorm + quant, and the third output is an empty
+``[0, K]`` tensor because the stream continues from ``y`` itself, which the op may not hand
+back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from radiance.fp8stream import fused_all_reduce
 from radiance.kernels import ops as kops
 
 
@@ -40,16 +43,6 @@ def tp_all_reduce(y: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_reduce(y)
 
 
-def one_kernel_ar_epilogue(
-    y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
-    group: int, fp8_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Seam for the one-kernel fast path (all-reduce over peer-mapped buffers fused with the
-    epilogue). Returns the op's outputs when it served the call, None to take the two-step path.
-    No fast path exists yet, so every call takes the two-step path."""
-    return None
-
-
 def _scale_shape(m: int, k: int, group: int) -> tuple[int, ...]:
     return (m, k // group) if group else (m,)
 
@@ -65,7 +58,7 @@ def ar_add_rms_quant(
     fp8_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if residual is not None and tp_world_size() > 1:
-        fused = one_kernel_ar_epilogue(y, residual, weight, eps, gemma, group, fp8_dtype)
+        fused = fused_all_reduce.one_kernel(y, residual, weight, eps, gemma, group, fp8_dtype)
         if fused is not None:
             return fused
         y = tp_all_reduce(y)

@@ -6,7 +6,9 @@ Patch 1 - rewrite the model once it is loaded
          must happen before the first forward, which torch.compile traces.
   What:  wraps ``load_model`` of vLLM's model loaders (the base loader and any registered loader
          that overrides it): after the original returns, ``rewrite.install(model)`` runs on the
-         target model (a drafter, loaded with its own model config, is left alone).
+         target model (a drafter, loaded with its own model config, is left alone); then, at
+         tensor-parallel size > 1, ``fused_all_reduce.setup`` maps radiance's peer all-reduce
+         buffers on the tensor-parallel group (every rank loads the model at the same point).
   Remove-when: vLLM offers a post-load model hook to plugins.
 
 Patch 2 - key vLLM's compile cache on the stream's configuration
@@ -35,7 +37,7 @@ _PATCHED = "_radiance_fp8stream_patched"
 
 
 def _target_model_loaded(model, vllm_config, model_config) -> None:
-    from radiance.fp8stream import rewrite
+    from radiance.fp8stream import fused_all_reduce, rewrite
 
     if model_config is not None and model_config is not getattr(vllm_config, "model_config", None):
         return  # a drafter or other auxiliary model: not the decoder the stream rewrites
@@ -47,12 +49,17 @@ def _target_model_loaded(model, vllm_config, model_config) -> None:
         # The runner sets the taps after this point; any layer may be tapped.
         taps = rewrite.EVERY_LAYER
     lora = getattr(vllm_config, "lora_config", None) is not None
+    fused_sites = 0
     try:
-        rewrite.install(model, taps=taps, lora=lora)
+        summary = rewrite.install(model, taps=taps, lora=lora)
+        fused_sites = summary.partial_handoffs + summary.counts["mid"]
     except Exception as exc:  # noqa: BLE001 - a rewrite failure must leave the serve stock
         rewrite.uninstall(model)
         logger.warning("fp8 stream: rewrite failed, model left stock: %s: %s",
                        type(exc).__name__, exc)
+    # Every rank reaches this point once per load, with the same rewrite outcome (same model,
+    # same config), so the peer setup's collectives line up across the tensor-parallel group.
+    fused_all_reduce.setup(fused_sites)
 
 
 def _wrap_load_model(cls) -> bool:

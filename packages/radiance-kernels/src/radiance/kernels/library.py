@@ -35,9 +35,9 @@ from radiance.kernels import registry
 
 logger = logging.getLogger("vllm.radiance.kernels")
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the peer all-reduce exports
 LIB_NAME = "libradiance_kernels.so"
-OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
+OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 _SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp")
 _COMMON_FLAGS = ("-O3", "-std=c++17")
@@ -358,6 +358,34 @@ class KernelLibrary:
         self.gdn_norm_quant.argtypes = [c_vp, c_i64, c_vp, c_i64, c_vp, c_int, c_vp, c_vp,
                                         c_i64, c_i64, c_i64, c_f, c_int, c_int, c_int, c_vp]
         self.gdn_norm_quant.restype = c_int
+        # The peer-mapped all-reduce (all_reduce.cu, ar_add_rms_quant.cu).
+        c_vpp = ctypes.POINTER(c_vp)
+        lib.radiance_ipc_handle_bytes.argtypes = []
+        lib.radiance_ipc_handle_bytes.restype = c_int
+        self.ipc_handle_bytes = lib.radiance_ipc_handle_bytes()
+        self.peer_region_alloc = lib.radiance_peer_region_alloc
+        self.peer_region_alloc.argtypes = [c_i64, c_vpp, c_vp]
+        self.peer_region_open = lib.radiance_peer_region_open
+        self.peer_region_open.argtypes = [c_vp, c_vpp]
+        self.peer_region_close = lib.radiance_peer_region_close
+        self.peer_region_close.argtypes = [c_vp]
+        self.peer_region_free = lib.radiance_peer_region_free
+        self.peer_region_free.argtypes = [c_vp]
+        self.peer_set_create = lib.radiance_peer_set_create
+        self.peer_set_create.argtypes = [c_int, c_int, c_vpp, c_i64, c_vpp]
+        self.peer_set_destroy = lib.radiance_peer_set_destroy
+        self.peer_set_destroy.argtypes = [c_vp]
+        self.peer_set_handshake = lib.radiance_peer_set_handshake
+        self.peer_set_handshake.argtypes = [c_vp, c_i64, ctypes.POINTER(c_int), c_vp]
+        self.all_reduce = lib.radiance_all_reduce
+        self.all_reduce.argtypes = [c_vp, c_vp, c_vp, c_i64, c_int, c_vp]
+        self.ar_add_rms_quant = lib.radiance_ar_add_rms_quant
+        self.ar_add_rms_quant.argtypes = [c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp,
+                                          c_i64, c_i64, c_f, c_int, c_int, c_int, c_int, c_vp]
+        for fn in (self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
+                   self.peer_region_free, self.peer_set_create, self.peer_set_destroy,
+                   self.peer_set_handshake, self.all_reduce, self.ar_add_rms_quant):
+            fn.restype = c_int
 
     def error_string(self, code: int) -> str:
         raw = self._lib.radiance_error_string(code)

@@ -17,9 +17,11 @@ from radiance.kernels import library, reference, registry
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-_DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-_FP8_CODE = {torch.float8_e4m3fn: 0, torch.float8_e4m3fnuz: 1}
+DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+FP8_CODE = {torch.float8_e4m3fn: 0, torch.float8_e4m3fnuz: 1}
 KERNEL_NAME = "radiance_jit"
+# The single-GPU epilogues; the all-reduce-fused one is registered by peer_all_reduce.
+EPILOGUE_OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
 # Widest row the kernels serve: a row lives in registers, at most 8 16-byte vectors per thread
 # of a 384-thread row (24576 bf16/fp16 elements); beyond it the reference runs.
 MAX_K = 24576
@@ -102,7 +104,7 @@ def _serves(query) -> str | None:
     return library.why_not(query["device_index"])
 
 
-for _op in library.OPS:
+for _op in EPILOGUE_OPS:
     registry.register(_op, KERNEL_NAME, impl=library.get, serves=_serves,
                       describe="HIP/CUDA kernel from the JIT-built radiance library")
 
@@ -127,16 +129,34 @@ def _kernel(op: str, device: torch.device, dtype: torch.dtype, k: int, group: in
     return lib
 
 
-def _check(lib, code: int, op: str) -> None:
+def check_code(lib, code: int, op: str) -> None:
     if code != 0:
         raise RuntimeError(f"radiance {op} kernel failed: {lib.error_string(code)} (code {code})")
 
 
-def _stream(device: torch.device) -> int:
+def stream_of(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
 # --------------------------------------------------------------------------- ops
+
+
+def check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype) -> torch.device:
+    """add_rms_quant's argument checks (also the fused all-reduce's); returns the device."""
+    _tensor("y", y, ACT_DTYPES)
+    _matrix("y", y)
+    k = y.shape[1]
+    if residual is not None:
+        _tensor("residual", residual, ACT_DTYPES)
+        if residual.dtype != y.dtype:
+            raise TypeError(f"residual dtype {residual.dtype} differs from y dtype {y.dtype}")
+        if residual.shape != y.shape:
+            raise ValueError(f"residual shape {tuple(residual.shape)} differs from y shape {tuple(y.shape)}")
+        _matrix("residual", residual, contiguous=True)
+    _weight(weight, k, "K")
+    _common(group, fp8_dtype, eps)
+    _width("K", k, group)
+    return _same_device(y=y, residual=residual, weight=weight)
 
 
 def add_rms_quant(
@@ -154,20 +174,8 @@ def add_rms_quant(
     ``y`` may be row-strided; ``residual`` (``None`` for the first layer, then ``residual_out``
     is ``y`` itself) must be contiguous with ``y``'s shape and dtype.
     """
-    _tensor("y", y, ACT_DTYPES)
-    _matrix("y", y)
+    device = check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
     m, k = y.shape
-    if residual is not None:
-        _tensor("residual", residual, ACT_DTYPES)
-        if residual.dtype != y.dtype:
-            raise TypeError(f"residual dtype {residual.dtype} differs from y dtype {y.dtype}")
-        if residual.shape != y.shape:
-            raise ValueError(f"residual shape {tuple(residual.shape)} differs from y shape {tuple(y.shape)}")
-        _matrix("residual", residual, contiguous=True)
-    _weight(weight, k, "K")
-    _common(group, fp8_dtype, eps)
-    _width("K", k, group)
-    device = _same_device(y=y, residual=residual, weight=weight)
 
     lib = _kernel("add_rms_quant", device, y.dtype, k, group, fp8_dtype)
     if lib is None or m == 0:
@@ -178,10 +186,10 @@ def add_rms_quant(
     residual_out = y if residual is None else torch.empty((m, k), dtype=y.dtype, device=device)
     code = lib.add_rms_quant(
         y.data_ptr(), y.stride(0), None if residual is None else residual.data_ptr(),
-        weight.data_ptr(), _DTYPE_CODE[weight.dtype], q.data_ptr(), scale.data_ptr(),
+        weight.data_ptr(), DTYPE_CODE[weight.dtype], q.data_ptr(), scale.data_ptr(),
         None if residual is None else residual_out.data_ptr(), m, k, float(eps), int(bool(gemma)),
-        group, _DTYPE_CODE[y.dtype], _FP8_CODE[fp8_dtype], _stream(device))
-    _check(lib, code, "add_rms_quant")
+        group, DTYPE_CODE[y.dtype], FP8_CODE[fp8_dtype], stream_of(device))
+    check_code(lib, code, "add_rms_quant")
     return q, scale, residual_out
 
 
@@ -208,8 +216,8 @@ def silu_mul_quant(
     q = torch.empty((m, n), dtype=fp8_dtype, device=device)
     scale = torch.empty((m, n // group) if group else (m,), dtype=torch.float32, device=device)
     code = lib.silu_mul_quant(gu.data_ptr(), gu.stride(0), q.data_ptr(), scale.data_ptr(), m, n,
-                              group, _DTYPE_CODE[gu.dtype], _FP8_CODE[fp8_dtype], _stream(device))
-    _check(lib, code, "silu_mul_quant")
+                              group, DTYPE_CODE[gu.dtype], FP8_CODE[fp8_dtype], stream_of(device))
+    check_code(lib, code, "silu_mul_quant")
     return q, scale
 
 
@@ -253,9 +261,9 @@ def gdn_norm_quant(
     scale = torch.empty((m, n // group) if group else (m,), dtype=torch.float32, device=device)
     code = lib.gdn_norm_quant(
         x.data_ptr(), x.stride(0), z.data_ptr(), z.stride(0), weight.data_ptr(),
-        _DTYPE_CODE[weight.dtype], q.data_ptr(), scale.data_ptr(), m, n, head_dim, float(eps),
-        group, _DTYPE_CODE[x.dtype], _FP8_CODE[fp8_dtype], _stream(device))
-    _check(lib, code, "gdn_norm_quant")
+        DTYPE_CODE[weight.dtype], q.data_ptr(), scale.data_ptr(), m, n, head_dim, float(eps),
+        group, DTYPE_CODE[x.dtype], FP8_CODE[fp8_dtype], stream_of(device))
+    check_code(lib, code, "gdn_norm_quant")
     return q, scale
 
 

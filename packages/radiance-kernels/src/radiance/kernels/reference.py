@@ -34,6 +34,7 @@ Numerics that decide bit equality (read again whenever the vLLM pin moves):
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -185,3 +186,30 @@ def gdn_norm_quant(
     ``z`` may be row-strided (a slice of a wider projection); its last dim must be contiguous.
     """
     return quant_fp8(gated_rms_norm(x, z, weight, eps), group=group, fp8_dtype=fp8_dtype)
+
+
+def all_reduce(partials: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensor-parallel sum of the ranks' ``partials`` (in rank order), as radiance's one-shot
+    all-reduce computes it on every rank: widened to fp32, added left to right, rounded once to
+    the partials' dtype."""
+    if not partials:
+        raise ValueError("all_reduce needs at least one partial")
+    acc = partials[0].to(torch.float32)
+    for part in partials[1:]:
+        acc = acc + part.to(torch.float32)
+    return acc.to(partials[0].dtype)
+
+
+def ar_add_rms_quant(
+    partials: Sequence[torch.Tensor],
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    gemma: bool = False,
+    group: int = 0,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``add_rms_quant(all_reduce(partials), residual, ...)``: the fused all-reduce epilogue."""
+    return add_rms_quant(all_reduce(partials), residual, weight, eps, gemma=gemma, group=group,
+                         fp8_dtype=fp8_dtype)

@@ -38,6 +38,10 @@ FLAGS: tuple[Flag, ...] = (
          "FP8 linears; 0 leaves them stock"),
     Flag("RADIANCE_GDN_NORM_QUANT", "0", "fp8stream",
          "1: also fuse Qwen3-Next's GatedDeltaNet output norm with its quant (stream on only)"),
+    Flag("RADIANCE_FUSED_ALLREDUCE", "1", "fp8stream",
+         "at tensor-parallel size > 1, run each epilogue's all-reduce inside the epilogue kernel "
+         "(peer-mapped buffers, one launch) where setup succeeds; 0: vLLM's all-reduce, then "
+         "the epilogue kernel"),
     Flag("RADIANCE_ATTN", "1", "attn",
          "0: install no attention adapter"),
     Flag("RADIANCE_ATTN_TRITON", "1", "attn",

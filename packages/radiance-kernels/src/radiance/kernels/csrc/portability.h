@@ -26,6 +26,16 @@ typedef hipError_t rad_error_t;
 #define rad_error_string_of(code) hipGetErrorString((hipError_t)(code))
 #define rad_get_device hipGetDevice
 #define rad_device_warp_size(dev, out) hipDeviceGetAttribute((out), hipDeviceAttributeWarpSize, (dev))
+typedef hipIpcMemHandle_t rad_ipc_handle_t;
+#define rad_malloc hipMalloc
+#define rad_free hipFree
+#define rad_memset hipMemset
+#define rad_memcpy_d2h(dst, src, n) hipMemcpy((dst), (src), (n), hipMemcpyDeviceToHost)
+#define rad_device_synchronize hipDeviceSynchronize
+#define rad_stream_synchronize hipStreamSynchronize
+#define rad_ipc_get_handle hipIpcGetMemHandle
+#define rad_ipc_open(ptr, handle) hipIpcOpenMemHandle((ptr), (handle), hipIpcMemLazyEnablePeerAccess)
+#define rad_ipc_close hipIpcCloseMemHandle
 #else
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -37,6 +47,16 @@ typedef cudaError_t rad_error_t;
 #define rad_error_invalid_value cudaErrorInvalidValue
 #define rad_get_last_error cudaGetLastError
 #define rad_error_string_of(code) cudaGetErrorString((cudaError_t)(code))
+typedef cudaIpcMemHandle_t rad_ipc_handle_t;
+#define rad_malloc cudaMalloc
+#define rad_free cudaFree
+#define rad_memset cudaMemset
+#define rad_memcpy_d2h(dst, src, n) cudaMemcpy((dst), (src), (n), cudaMemcpyDeviceToHost)
+#define rad_device_synchronize cudaDeviceSynchronize
+#define rad_stream_synchronize cudaStreamSynchronize
+#define rad_ipc_get_handle cudaIpcGetMemHandle
+#define rad_ipc_open(ptr, handle) cudaIpcOpenMemHandle((ptr), (handle), cudaIpcMemLazyEnablePeerAccess)
+#define rad_ipc_close cudaIpcCloseMemHandle
 #endif
 
 #define RAD_EXPORT extern "C" __attribute__((visibility("default")))
@@ -65,6 +85,25 @@ RAD_DEVICE uint32_t rad_f2u(float f) { return __float_as_uint(f); }
 RAD_DEVICE float rad_u2f(uint32_t u) { return __uint_as_float(u); }
 RAD_DEVICE bool rad_isnan(float f) { return (rad_f2u(f) & 0x7FFFFFFFu) > 0x7F800000u; }
 RAD_DEVICE bool rad_isfinite(float f) { return (rad_f2u(f) & 0x7F800000u) != 0x7F800000u; }
+
+// ---- wall clock, for the bounded waits of setup code (never on a serving path) ---------------
+#ifdef RADIANCE_HIP
+// wall_clock64() ticks at the device's constant wall-clock rate (100 MHz where the runtime is too
+// old to report it); the host converts its timeout to ticks.
+RAD_DEVICE uint64_t rad_wall_ticks() {
+#if defined(__HIP_DEVICE_COMPILE__)
+  return (uint64_t)wall_clock64();
+#else
+  return 0;
+#endif
+}
+#else
+RAD_DEVICE uint64_t rad_wall_ticks() {  // %globaltimer: nanoseconds
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
 
 // ---- shuffles -----------------------------------------------------------------------------
 #ifdef RADIANCE_HIP

@@ -1,0 +1,151 @@
+// The add_rms_quant row math, shared by add_rms_quant.cu and the all-reduce-fused ar_add_rms_quant.
+//
+// Mirrors vLLM's native chain (ir.ops.fused_add_rms_norm / rms_norm, then QuantFP8) as torch runs
+// it on the GPU; every rounding torch does is done here, in the same order:
+//   x      = float(y) + float(residual)              fp32 sum (plain float(y) without residual)
+//   res'   = act(x)                                  the new residual, rounded once
+//   var    = sum(x*x) * (M / (M*K))                  ATen's CUDA mean multiplies by this factor
+//   n      = x * rsqrtf(var + eps)                   rsqrtf: the instruction torch.rsqrt uses
+//   plain:   out = act( wdt( wdt(n) * w ) )          x.to(weight.dtype) * weight, then .to(act)
+//   gemma:   out = act( n * (float(w) + 1) )         all fp32, one rounding
+// then the quant of `out` (epilogue_common.cuh). Only the order of the sum of squares differs
+// from torch's reduction tree; it is the one source of (off-by-one-code) differences.
+#pragma once
+
+#include "epilogue_common.cuh"
+
+namespace radiance {
+
+struct AddRmsArgs {
+  const uint16_t* y;
+  int64_t y_stride;
+  const uint16_t* residual;  // nullable
+  const void* weight;
+  uint16_t* residual_out;
+  uint8_t* q;
+  float* scale;
+  int64_t M, K;
+  float eps, mean_factor;
+  int wdtype, gemma, fmt, tpr, rpb;
+};
+
+template <bool BF16>
+RAD_DEVICE float round_to(int dtype, float f) {  // f32 -> dtype -> f32 (fp32: identity)
+  if (dtype == 2) return f;
+  return dtype == 0 ? rad_bf16_to_f32(rad_f32_to_bf16(f)) : rad_f16_to_f32(rad_f32_to_f16(f));
+}
+
+// Thread t of a row owns vectors c = v*tpr + t (epilogue_common.cuh); `on[v]` says whether that
+// vector exists. 16-bit weights are static: callers fetch them before waiting for the previous
+// kernel, so their latency overlaps its tail (fp32 weights are read later, where they are used).
+template <int VPT>
+RAD_DEVICE void add_rms_prefetch_weights(const AddRmsArgs& a, int t, bool row_ok, bool (&on)[VPT],
+                                         uint4 (&wv)[VPT]) {
+  const int64_t nvec = a.K / 8;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int64_t c = (int64_t)v * a.tpr + t;
+    on[v] = row_ok && c < nvec;
+    wv[v] = on[v] && a.wdtype != 2 ? ld16(reinterpret_cast<const uint16_t*>(a.weight) + c * 8) : z;
+  }
+}
+
+// Everything after the loads: yv and rv hold the row's y and residual vectors (zero where !on).
+template <int VPT, bool BF16, bool GROUP>
+RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], const uint4 (&rv)[VPT],
+                               const uint4 (&wv)[VPT], const bool (&on)[VPT], int t, int64_t row,
+                               bool row_ok, float* red_sum, uint32_t* red_max) {
+  const int tpr = a.tpr;
+  const bool has_res = a.residual != nullptr;
+  const bool w16 = a.wdtype != 2;
+  float x[VPT][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    float fy[8], fr[8];
+    unpack8<BF16>(yv[v], fy);
+    unpack8<BF16>(rv[v], fr);
+    uint32_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      x[v][e] = has_res ? rad_add(fy[e], fr[e]) : fy[e];
+      h[e] = rad_f32_to_act<BF16>(x[v][e]);
+      ss = rad_add(ss, rad_mul(x[v][e], x[v][e]));
+    }
+    if (on[v] && has_res) st16(a.residual_out + row * a.K + ((int64_t)v * tpr + t) * 8, pack8(h));
+  }
+  ss = row_sum(ss, tpr, red_sum);
+  const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
+
+  uint4 o[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int64_t c = (int64_t)v * tpr + t;
+    float w[8];
+    if (w16) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        w[e] = a.wdtype == 0 ? rad_bf16_to_f32(half_of(wv[v], e)) : rad_f16_to_f32(half_of(wv[v], e));
+    } else if (on[v]) {
+      load_weight8(a.weight, 2, c * 8, w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[e] = 0.0f;
+    }
+    uint32_t h[8];
+    if (a.gemma) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        h[e] = rad_f32_to_act<BF16>(rad_mul(rad_mul(x[v][e], rs), rad_add(w[e], 1.0f)));
+    } else if (a.wdtype == (BF16 ? 0 : 1)) {  // weight in the activation dtype: the common case
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float n = rad_act_to_f32<BF16>(rad_f32_to_act<BF16>(rad_mul(x[v][e], rs)));
+        h[e] = rad_f32_to_act<BF16>(rad_mul(n, w[e]));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float n = round_to<BF16>(a.wdtype, rad_mul(x[v][e], rs));
+        h[e] = rad_f32_to_act<BF16>(round_to<BF16>(a.wdtype, rad_mul(n, w[e])));
+      }
+    }
+    o[v] = pack8(h);
+  }
+  quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.K, a.q, a.scale, a.fmt, red_max);
+}
+
+// Host side: checks an add_rms_quant call's arguments and fills everything but the launch layout
+// (tpr, rpb). Returns 0, or the invalid-value code.
+inline int make_add_rms_args(const void* y, int64_t y_stride, const void* residual,
+                             const void* weight, int weight_dtype, void* q, float* scale,
+                             void* residual_out, int64_t M, int64_t K, float eps, int gemma,
+                             int group, int act_dtype, int fp8, AddRmsArgs* a) {
+  if (M < 0 || K <= 0 || K % 8 || (group != 0 && group != 128) || (group && K % 128) ||
+      (act_dtype != 0 && act_dtype != 1) || weight_dtype < 0 || weight_dtype > 2 ||
+      (fp8 != RAD_FP8_FN && fp8 != RAD_FP8_FNUZ) || y_stride < K || y_stride % 8 ||
+      !y || !weight || !q || !scale || (residual && !residual_out) || !aligned(y, 16) ||
+      !aligned(residual, 16) || !aligned(residual_out, 16) || !aligned(weight, 16) ||
+      !aligned(q, 8) || !aligned(scale, 4))
+    return (int)rad_error_invalid_value;
+  a->y = static_cast<const uint16_t*>(y);
+  a->y_stride = y_stride;
+  a->residual = static_cast<const uint16_t*>(residual);
+  a->weight = weight;
+  a->residual_out = static_cast<uint16_t*>(residual_out);
+  a->q = static_cast<uint8_t*>(q);
+  a->scale = scale;
+  a->M = M;
+  a->K = K;
+  a->eps = eps;
+  // ATen's CUDA mean: sum * (float(outputs) / numel), the division done in fp32.
+  a->mean_factor = M ? (float)M / (float)(M * K) : 0.0f;
+  a->wdtype = weight_dtype;
+  a->gemma = gemma ? 1 : 0;
+  a->fmt = fp8;
+  a->tpr = a->rpb = 0;
+  return 0;
+}
+
+}  // namespace radiance

@@ -1,0 +1,205 @@
+"""The peer all-reduce's setup protocol and branch decisions, with real processes in a gloo group.
+
+The kernels need a GPU (tests/test_gpu_peer_all_reduce.py and benchmarks/peer_all_reduce_check.py
+run them); what is tested here is what runs on the host: every rank reaches the same decision
+whatever fails on one of them, nothing waits forever, whatever was mapped is released, and the
+one-kernel branch is a function of shapes only. The failing steps are injected through the
+``backend`` argument (the object that performs the GPU-side setup steps), the real backend is
+used where this machine's own answer is the point (no GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from radiance.kernels import registry
+from radiance.kernels.peer_all_reduce import (
+    FUSED_MAX_K,
+    FUSED_MAX_M,
+    MESSAGE_BYTES,
+    PeerAllReduce,
+    PeerSetupError,
+)
+
+
+class ScriptedBackend:
+    """Performs the setup steps on host memory, failing where the scenario says, and logs every
+    call so the test can check what was released."""
+
+    def __init__(self, rank, fail=None):
+        self.rank = rank
+        self.fail = fail or {}
+        self.calls = []
+        self._next = 0x1000 * (rank + 1)
+
+    def _maybe_fail(self, step):
+        how = self.fail.get(step)
+        if how == "error":
+            raise PeerSetupError(f"scripted {step} failure")
+        if how == "crash":
+            raise RuntimeError(f"unexpected {step} crash")
+
+    def allocate(self, message_bytes):
+        self._maybe_fail("allocate")
+        base = self._next
+        self._next += 1
+        self.calls.append(("allocate", base))
+        return base, f"handle-of-{self.rank}".encode()
+
+    def open(self, handle):
+        self._maybe_fail("open")
+        base = 0x9000 + int(handle.decode().rsplit("-", 1)[1])
+        self.calls.append(("open", base))
+        return base
+
+    def create(self, rank, bases, message_bytes):
+        self.calls.append(("create", len(bases)))
+        return 0x7777
+
+    def handshake(self, peer_set, timeout_ms):
+        self._maybe_fail("handshake")
+        return self.fail.get("handshake") != "timeout"
+
+    def destroy(self, peer_set):
+        self.calls.append(("destroy", peer_set))
+
+    def close(self, base):
+        self.calls.append(("close", base))
+
+    def free(self, base):
+        self.calls.append(("free", base))
+
+
+# scenario name -> {rank: {step: how}}; "real" uses the GPU backend (none here: no GPU)
+SCENARIOS = {
+    "all_ok": {},
+    "alloc_fails_on_rank1": {1: {"allocate": "error"}},
+    "map_fails_on_rank1": {1: {"open": "error"}},
+    "handshake_times_out_on_rank0": {0: {"handshake": "timeout"}},
+    "open_crashes_on_rank0": {0: {"open": "crash"}},
+}
+
+
+def _decisions(comm):
+    bf16 = torch.bfloat16
+    cases = {
+        "decode": (torch.empty(8, 4096, dtype=bf16), True, 128),
+        "largest_m": (torch.empty(FUSED_MAX_M, 4096, dtype=bf16), True, 0),
+        "m_too_large": (torch.empty(FUSED_MAX_M + 1, 4096, dtype=bf16), True, 0),
+        "k_too_wide": (torch.empty(8, FUSED_MAX_K + 128, dtype=bf16), True, 0),
+        "no_residual": (torch.empty(8, 4096, dtype=bf16), False, 0),
+        "fp32": (torch.empty(8, 4096, dtype=torch.float32), True, 0),
+        "strided": (torch.empty(8, 8192, dtype=bf16)[:, :4096], True, 0),
+        "message_too_big": (torch.empty(FUSED_MAX_M, FUSED_MAX_K, dtype=bf16), True, 0),
+    }
+    return {name: comm.fused_reason(y, y if res else None, group)
+            for name, (y, res, group) in cases.items()}
+
+
+def _worker(rank, ws, store, out_dir, names):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ws)
+    results = {}
+    for name in names:
+        if name == "real":
+            comm = PeerAllReduce(dist.group.WORLD, "cpu")
+            results[name] = {"enabled": comm.enabled, "reason": comm.reason}
+            continue
+        backend = ScriptedBackend(rank, SCENARIOS[name].get(rank))
+        comm = PeerAllReduce(dist.group.WORLD, "cpu", backend=backend)
+        res = {"enabled": comm.enabled, "reason": comm.reason, "calls": backend.calls}
+        if comm.enabled:
+            res["decisions"] = _decisions(comm)
+            res["records"] = [r for r in registry.selections() if r["op"] == "ar_add_rms_quant"]
+            comm.close()
+            res["calls_after_close"] = list(backend.calls)
+        results[name] = res
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+SETUP_DEADLINE_S = 120  # a hang is a failure, not a stuck CI job
+
+
+def _spawn(tmp_path, ws, names):
+    ctx = mp.spawn(_worker, args=(ws, str(tmp_path / "store"), str(tmp_path), names), nprocs=ws,
+                   join=False)
+    deadline = time.monotonic() + SETUP_DEADLINE_S
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"setup did not finish within {SETUP_DEADLINE_S} s: a rank hangs")
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(ws)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return _spawn(tmp_path_factory.mktemp("peer2"), 2, ["real", *SCENARIOS])
+
+
+def test_no_gpu_disables_every_rank_with_the_reason(two_ranks):
+    for r in two_ranks:
+        assert not r["real"]["enabled"]
+        assert r["real"]["reason"].startswith("rank 0: no CUDA/ROCm GPU")
+
+
+def test_all_ok_enables_every_rank_and_close_releases(two_ranks):
+    for rank, r in enumerate(two_ranks):
+        res = r["all_ok"]
+        assert res["enabled"] and res["reason"] is None
+        own = 0x1000 * (rank + 1)
+        peer = 0x9000 + (1 - rank)
+        assert res["calls"][:3] == [("allocate", own), ("open", peer), ("create", 2)]
+        assert res["calls_after_close"][3:] == [("destroy", 0x7777), ("close", peer), ("free", own)]
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("alloc_fails_on_rank1", "rank 1: scripted allocate failure"),
+    ("map_fails_on_rank1", "rank 1: cannot map rank 0's region (scripted open failure)"),
+    ("handshake_times_out_on_rank0", "rank 0: handshake timed out"),
+    ("open_crashes_on_rank0", "rank 0: RuntimeError: unexpected open crash"),
+])
+def test_one_rank_failing_disables_every_rank_and_releases(two_ranks, name, reason):
+    for r in two_ranks:
+        res = r[name]
+        assert not res["enabled"]
+        assert res["reason"].startswith(reason), res["reason"]
+        calls = res["calls"]
+        allocated = [base for step, base in calls if step == "allocate"]
+        opened = [base for step, base in calls if step == "open"]
+        assert sorted(b for s, b in calls if s == "free") == sorted(allocated)
+        assert sorted(b for s, b in calls if s == "close") == sorted(opened)
+
+
+def test_branch_is_decided_by_shapes_and_is_the_same_on_every_rank(two_ranks):
+    d0, d1 = (r["all_ok"]["decisions"] for r in two_ranks)
+    assert d0 == d1
+    assert d0["decode"] is None and d0["largest_m"] is None
+    assert "M=513" in d0["m_too_large"]
+    assert f"K={FUSED_MAX_K + 128}" in d0["k_too_wide"]
+    assert "no residual" in d0["no_residual"]
+    assert "float32" in d0["fp32"]
+    assert "not contiguous" in d0["strided"]
+    assert f"{MESSAGE_BYTES} B staging" in d0["message_too_big"]
+
+
+def test_decisions_are_recorded_for_the_report(two_ranks):
+    records = two_ranks[0]["all_ok"]["records"]
+    served = [r for r in records if r["kernel"] == "radiance_peer_one_shot"]
+    refused = [r for r in records if r["kernel"] is None]
+    assert any(r["query"]["M"] == 8 and r["query"]["world_size"] == 2 for r in served)
+    assert any("M=513" in r["reason"] for r in refused)
+
+
+def test_unsupported_world_size_disables_every_rank(tmp_path):
+    ranks = _spawn(tmp_path, 3, ["all_ok"])
+    for r in ranks:
+        assert not r["all_ok"]["enabled"]
+        assert r["all_ok"]["reason"].startswith("rank 0: world size 3")
+        assert r["all_ok"]["calls"] == []
