@@ -115,3 +115,30 @@ def test_setup_without_parallel_groups_is_off():
     assert line == "off (vLLM's parallel groups are not initialized)"
     assert fused_all_reduce.one_kernel(_rand(2, 64), _rand(2, 64), _rand(64), 1e-6, False, 0,
                                        FP8) is None
+
+
+class _TpGroup:
+    world_size = 2
+    rank_in_group = 0
+
+
+@pytest.fixture
+def tp2_groups(monkeypatch):
+    from vllm.distributed import parallel_state
+
+    monkeypatch.setattr(parallel_state, "model_parallel_is_initialized", lambda: True)
+    monkeypatch.setattr(parallel_state, "get_tp_group", lambda: _TpGroup())
+
+
+def test_setup_off_under_micro_batch_overlap(tp2_groups):
+    line = fused_all_reduce.setup(fused_sites=4, ubatching=True)
+    assert line.startswith("off (micro-batch overlap")
+
+
+def test_setup_off_without_reducing_sites(tp2_groups):
+    from radiance.kernels import registry
+
+    line = fused_all_reduce.setup(fused_sites=0)
+    assert line == "off (the fp8 stream installed no epilogue that reduces)"
+    assert any(r["op"] == "ar_add_rms_quant" and r["reason"] == line
+               for r in registry.selections())

@@ -44,10 +44,12 @@ def _set(comm, line: str) -> str:
     return line
 
 
-def setup(fused_sites: int) -> str:
+def setup(fused_sites: int, ubatching: bool = False) -> str:
     """Set up the peer all-reduce for this process's tensor-parallel group when the flag is on,
     the group has more than one rank and the rewrite installed ``fused_sites`` > 0 epilogues that
-    reduce. Idempotent. Returns the status line (also logged and in the selection report)."""
+    reduce. ``ubatching``: vLLM overlaps micro-batches (DBO), which puts a rank's all-reduces on
+    more than one stream, while the peer exchange counts calls in one stream order, so it stays
+    off. Idempotent. Returns the status line (also logged and in the selection report)."""
     from radiance.kernels import registry
     from radiance.kernels.peer_all_reduce import KERNEL_NAME, OP, PeerAllReduce
 
@@ -62,6 +64,10 @@ def setup(fused_sites: int) -> str:
     tp = parallel_state.get_tp_group()
     if tp.world_size == 1:
         return _set(None, "off (tensor-parallel size 1: nothing to reduce)")
+    if ubatching:
+        line = _set(None, "off (micro-batch overlap runs a rank's all-reduces on two streams)")
+        registry.record(OP, {"world_size": tp.world_size}, None, line)
+        return line
     if fused_sites == 0:
         line = _set(None, "off (the fp8 stream installed no epilogue that reduces)")
         registry.record(OP, {"world_size": tp.world_size}, None, line)

@@ -59,7 +59,8 @@ def _target_model_loaded(model, vllm_config, model_config) -> None:
                        type(exc).__name__, exc)
     # Every rank reaches this point once per load, with the same rewrite outcome (same model,
     # same config), so the peer setup's collectives line up across the tensor-parallel group.
-    fused_all_reduce.setup(fused_sites)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    fused_all_reduce.setup(fused_sites, ubatching=bool(getattr(parallel, "use_ubatching", False)))
 
 
 def _wrap_load_model(cls) -> bool:

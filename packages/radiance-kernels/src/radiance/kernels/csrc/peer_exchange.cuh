@@ -15,7 +15,8 @@
 // Block b of every rank covers the same rows (same shapes, same grid), so block b depends only on
 // block b of each peer. The counter lives in device memory and advances inside the kernel, so a
 // captured CUDA graph replays correctly, and every rank counts the same calls because every rank
-// runs the same sequence of all-reduces.
+// runs the same sequence of all-reduces. A rank's calls must therefore run one after another in
+// one stream order (never two at once on two streams).
 //
 // Why two staging halves and one barrier are enough: a rank overwrites staging[p] at call n + 2
 // only after its call n + 1 completed; that call waited for every peer's call n + 1 flags, which a
