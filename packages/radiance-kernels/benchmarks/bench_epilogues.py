@@ -26,11 +26,15 @@ MS = (8192, 512, 64, 8, 1)  # largest first: the dynamic-M compile sees the big 
 L2_BYTES = 60 << 20
 EPS = 1e-6
 # Launch variants timed alongside the heuristic at M in VARIANT_MS, every K: (vectors per thread,
-# threads per row (0: the row's vectors / vpt), rows per block). "no_pdl" is the heuristic's
-# config launched without programmatic dependent launch.
-VARIANTS = {"vpt1": (1, 0, 1), "vpt2": (2, 0, 1), "vpt2x2": (2, 0, 2), "vpt4": (4, 0, 1),
-            "vpt4x2": (4, 0, 2), "vpt8": (8, 0, 1)}
+# threads per block (0: the row's vectors / vpt / split), rows per block, blocks per row). "no_pdl"
+# is the heuristic's config launched without programmatic dependent launch. The split variants
+# (a row over a cluster of 2, 4, 8 blocks, one vector a thread) are timed at SPLIT_MS.
+VARIANTS = {"vpt1": (1, 0, 1, 1), "vpt2": (2, 0, 1, 1), "vpt2x2": (2, 0, 2, 1),
+            "vpt4": (4, 0, 1, 1), "vpt4x2": (4, 0, 2, 1), "vpt8": (8, 0, 1, 1)}
+SPLITS = {"split1": (1, 0, 1, 1), "split2": (1, 0, 1, 2), "split4": (1, 0, 1, 4),
+          "split8": (1, 0, 1, 8)}
 VARIANT_MS = (8, 8192)
+SPLIT_MS = (1, 8, 64)
 
 
 def inputs(op, m, k, g):
@@ -69,7 +73,10 @@ def main() -> int:
         print(f"bench_epilogues: kernel library unavailable: {library.why_not()}")
         return 1
     raw = lib._lib
-    raw.radiance_set_launch_config.argtypes = [__import__("ctypes").c_int] * 4
+    import ctypes
+    raw.radiance_set_launch_config.argtypes = [ctypes.c_int] * 5
+    raw.radiance_get_launch_config.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                               ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     raw.radiance_set_pdl.argtypes = [__import__("ctypes").c_int]
     import torch._dynamo as dynamo
     dynamo.config.recompile_limit = 64
@@ -99,15 +106,20 @@ def main() -> int:
                            "compiled_new_graphs": dynamo.utils.counters["stats"]["unique_graphs"] - before}
                     row["kernel_us"] = graph_time_us(kern, sets)
                     row["compiled_us"] = graph_time_us(compiled, sets)
+                    cfg = [ctypes.c_int() for _ in range(4)]
+                    raw.radiance_get_launch_config(op_i, m, k, group, *map(ctypes.byref, cfg))
+                    row["config"] = "vpt{} tpr{} rpb{} split{}".format(*(c.value for c in cfg))
+                    variants = {**(VARIANTS if m in VARIANT_MS else {}),
+                                **(SPLITS if m in SPLIT_MS else {})}
+                    for name, (vpt, tpr, rpb, split) in variants.items():
+                        t = tpr or (k // 8) // (vpt * split)
+                        if raw.radiance_set_launch_config(op_i, vpt, t, rpb, split) != 0:
+                            continue
+                        try:
+                            row[f"variant_{name}_us"] = graph_time_us(kern, sets)
+                        finally:
+                            raw.radiance_set_launch_config(op_i, 0, 0, 0, 1)
                     if m in VARIANT_MS:
-                        for name, (vpt, tpr, rpb) in VARIANTS.items():
-                            t = tpr or (k // 8) // vpt
-                            if raw.radiance_set_launch_config(op_i, vpt, t, rpb) != 0:
-                                continue
-                            try:
-                                row[f"variant_{name}_us"] = graph_time_us(kern, sets)
-                            finally:
-                                raw.radiance_set_launch_config(op_i, 0, 0, 0)
                         raw.radiance_set_pdl(0)
                         try:
                             row["variant_no_pdl_us"] = graph_time_us(kern, sets)
@@ -137,13 +149,13 @@ def main() -> int:
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     lines = [f"# Epilogue kernels vs torch.compile ({meta['gpu']}, torch {meta['torch']}, CUDA {meta['cuda']}, "
              f"Triton {meta['triton']}, {meta['date']})", "",
-             "| op | group | K | M | kernel µs | compiled µs | speedup | kernel TB/s | compiled TB/s | variants µs | checks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| op | group | K | M | kernel µs | compiled µs | speedup | kernel TB/s | compiled TB/s | launch | variants µs | checks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         var = ", ".join(f"{k[8:-3]}={v:.2f}" for k, v in r.items() if k.startswith("variant_") and v)
         chk = " ".join(f"{c}:{'ok' if v else 'MISS'}" for c, v in r["checks"].items())
         lines.append(f"| {r['op']} | {r['group']} | {r['K']} | {r['M']} | {r['kernel_us']:.2f} | {r['compiled_us']:.2f} | "
-                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {var} | {chk} |")
+                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {r['config']} | {var} | {chk} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

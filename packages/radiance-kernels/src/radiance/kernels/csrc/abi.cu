@@ -7,25 +7,39 @@ namespace radiance {
 // Benchmark-only override of the launch heuristic, per op; vpt == 0 means "use the heuristic".
 static LaunchConfig g_override[kOpCount] = {};
 
+// Splitting a decode row across a cluster (epilogue_common.cuh) pays while each block keeps at
+// least this many 16-byte vectors; below it the cluster barriers cost more than the shorter
+// per-block instruction stream saves.
+static int g_min_split_vectors = 128;
+
 // PDL (see rad_launch): on for sm_90+ devices unless the benchmark switched it off.
 static int g_pdl_switch = 1;
 
-bool pdl_enabled() {
+// Compute capability major and multiprocessor count of the current device, cached per device;
+// {0, 0} when unknown (HIP, or the runtime failed).
+struct DeviceFacts {
+  int major, sms;
+};
+
+static DeviceFacts device_facts() {
 #ifdef RADIANCE_HIP
-  return false;
+  return {0, 0};
 #else
-  static int major_of[64] = {};
+  static DeviceFacts cache[64] = {};
   int dev = 0;
-  if (!g_pdl_switch || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (major_of[dev] == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-      return false;
-    major_of[dev] = major;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {0, 0};
+  if (cache[dev].major == 0) {
+    int major = 0, sms = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return {0, 0};
+    cache[dev] = {major, sms};
   }
-  return major_of[dev] >= 9;
+  return cache[dev];
 #endif
 }
+
+bool pdl_enabled() { return g_pdl_switch && device_facts().major >= 9; }
 
 static int round_up(int64_t a, int b) { return (int)((a + b - 1) / b * b); }
 
@@ -34,23 +48,57 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 // How a row maps onto threads, from the launch variants timed on the H200
 // (benchmarks/results/epilogues: every op, both groupings, K 2048-8192, M 8 and 8192):
 //  - Decode (M <= 128) is latency-bound: one 16-byte vector per thread (the most threads, every
-//    load issued at once) up to 640 threads a row (K <= 5120); 2 vectors a thread beyond, where
-//    the cross-warp reduction of a wider block costs more than the extra loads.
+//    load issued at once) up to 640 threads a row (K <= 5120) per token, 1024 (K <= 8192) with
+//    group-128 scales; 2 vectors a thread beyond, where the per-token row max over a wider block
+//    costs more than the extra loads. Where it pays, a decode row is split over several blocks
+//    (pick_split).
 //  - Large M is bandwidth- and issue-bound: per-token rows run best with 4 vectors a thread
 //    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows with 2
 //    (the 16-lane group reduction then spans fewer vectors per thread).
 // Exact divisors of the row are preferred (no idle lanes); several short rows share a block
 // when a row needs fewer than 128 threads at large M.
-LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group) {
-  if (op >= 0 && op < kOpCount && g_override[op].vpt > 0) return g_override[op];
+// Decode rows split over S blocks, one vector a thread (measured on the H200 against one block
+// per row, benchmarks/results/epilogues "split" variants):
+//  - add_rms_quant never: its row sum (and, per token, its row max) would cross blocks through a
+//    cluster, and the cluster barriers cost more than the shorter rows save.
+//  - silu_mul_quant / gdn_norm_quant, group 128: every reduction stays inside a 128-column group,
+//    so the blocks of a row never talk; splitting is free parallelism and pays from K = 4096.
+//  - the same ops per token: the row max crosses blocks through a cluster; that pays only where a
+//    single block would need two vectors a thread (K > 5120), and with at most half the SMs busy.
+// S is the largest of 8, 4, 2 that keeps each block's slice a whole number of warps of at least
+// g_min_split_vectors vectors and every block resident at once. sm_90+ only (clusters).
+static int pick_split(int op, int64_t M, int64_t nvec, bool group) {
+  const DeviceFacts dev = device_facts();
+  if (dev.major < 9 || op == kOpAddRms) return 1;
+  const bool clustered = split_needs_cluster(op, group);
+  if (clustered ? nvec <= 640 : nvec < 512) return 1;
+  const int64_t max_blocks = clustered ? dev.sms / 2 : dev.sms;
+  for (int s = 8; s > 1; s >>= 1) {
+    const int64_t slice = nvec / s;
+    if (nvec % s || slice % 32 || slice < g_min_split_vectors || M * s > max_blocks) continue;
+    return s;
+  }
+  return 1;
+}
+
+LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group, bool allow_split) {
+  if (op >= 0 && op < kOpCount && g_override[op].vpt > 0) {
+    LaunchConfig o = g_override[op];
+    if (o.split > 1 && !allow_split) o.vpt = 0;
+    return o;
+  }
   const bool latency = M <= 128;
+  if (latency && allow_split) {
+    const int split = pick_split(op, M, nvec, group);
+    if (split > 1) return LaunchConfig{1, (int)(nvec / split), 1, split};
+  }
   static const int kDecodeNarrow[] = {1, 2, 3, 4, 5, 6, 8};
   static const int kDecodeWide[] = {2, 1, 3, 4, 5, 6, 8};
   static const int kBulkPerToken[] = {4, 2, 5, 3, 6, 8, 1};
   static const int kBulkGroup[] = {2, 4, 1, 3, 5, 6, 8};
-  const int* order = latency ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide)
+  const int* order = latency ? (nvec <= (group ? 1024 : 640) ? kDecodeNarrow : kDecodeWide)
                              : (group ? kBulkGroup : kBulkPerToken);
-  LaunchConfig cfg = {0, 0, 1};
+  LaunchConfig cfg = {0, 0, 1, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
     if (nvec % v) continue;
@@ -114,28 +162,39 @@ RAD_EXPORT int radiance_set_pdl(int on) {
 
 // Not part of the serving contract: lets the benchmark time launch variants in one process.
 // op: 0 add_rms_quant, 1 silu_mul_quant, 2 gdn_norm_quant; vpt 0 restores the heuristic.
+// split > 1 spreads each row over that many blocks of tpr threads (one row per block, at most 2
+// vectors a thread, sm_90+).
 // Returns 0, or the invalid-value code for a config the kernels cannot run.
-RAD_EXPORT int radiance_set_launch_config(int op, int vpt, int tpr, int rpb) {
+RAD_EXPORT int radiance_set_launch_config(int op, int vpt, int tpr, int rpb, int split) {
   using namespace radiance;
   if (op < 0 || op >= kOpCount) return (int)rad_error_invalid_value;
   if (vpt == 0) {
-    g_override[op] = LaunchConfig{0, 0, 1};
+    g_override[op] = LaunchConfig{0, 0, 1, 1};
     return 0;
   }
   if (!vpt_instantiated(vpt) || tpr < 32 || tpr % 32 || rpb < 1 ||
-      tpr * rpb > max_threads_for(vpt))
+      tpr * rpb > max_threads_for(vpt) || (split != 1 && split != 2 && split != 4 && split != 8) ||
+      (split > 1 && (rpb != 1 || vpt > 2 || device_facts().major < 9)))
     return (int)rad_error_invalid_value;
-  g_override[op] = LaunchConfig{vpt, tpr, rpb};
+  g_override[op] = LaunchConfig{vpt, tpr, rpb, split};
   return 0;
 }
 
-// The config a call with (M, row vectors = K/8) would launch with; for reports.
+// Not part of the serving contract: the smallest per-block slice (vectors) a split may leave.
+RAD_EXPORT int radiance_set_min_split_vectors(int vectors) {
+  if (vectors < 32) return (int)rad_error_invalid_value;
+  radiance::g_min_split_vectors = vectors;
+  return 0;
+}
+
+// The config a call with (M, K) would launch with; for reports and benchmarks.
 RAD_EXPORT int radiance_get_launch_config(int op, int64_t M, int64_t K, int group, int* vpt,
-                                          int* tpr, int* rpb) {
+                                          int* tpr, int* rpb, int* split) {
   using namespace radiance;
-  const LaunchConfig c = pick_config(op, M, K / 8, host_warp_size(), group != 0);
+  const LaunchConfig c = pick_config(op, M, K / 8, host_warp_size(), group != 0, true);
   *vpt = c.vpt;
   *tpr = c.tpr;
   *rpb = c.rpb;
+  *split = c.split;
   return c.vpt ? 0 : (int)rad_error_invalid_value;
 }

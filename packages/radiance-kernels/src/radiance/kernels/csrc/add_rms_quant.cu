@@ -7,28 +7,25 @@ namespace radiance {
 template <int VPT, bool BF16, bool GROUP>
 __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     add_rms_quant_kernel(const AddRmsArgs a) {
-  __shared__ float red_sum[kMaxWarps];
-  __shared__ uint32_t red_max[kMaxWarps];
-  const int tpr = a.tpr;
-  const int rib = threadIdx.x / tpr;
-  const int t = threadIdx.x - rib * tpr;
-  const int64_t row = (int64_t)blockIdx.x * a.rpb + rib;
-  const bool row_ok = row < a.M;
+  __shared__ RowShared sh;
+  const int split = split_for<VPT>(a.split);
+  const RowThread rth = row_thread(a.tpr, a.rpb, split, a.M);
   const bool has_res = a.residual != nullptr;
 
   bool on[VPT];
   uint4 yv[VPT], rv[VPT], wv[VPT];
   const uint4 z = make_uint4(0, 0, 0, 0);
-  add_rms_prefetch_weights<VPT>(a, t, row_ok, on, wv);
+  add_rms_prefetch_weights<VPT>(a, rth, on, wv);
   rad_wait_prior_grids();
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * tpr + t;
-    yv[v] = on[v] ? ld16(a.y + row * a.y_stride + c * 8) : z;
-    rv[v] = on[v] && has_res ? ld16(a.residual + row * a.K + c * 8) : z;
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    yv[v] = on[v] ? ld16(a.y + rth.row * a.y_stride + c * 8) : z;
+    rv[v] = on[v] && has_res ? ld16(a.residual + rth.row * a.K + c * 8) : z;
   }
   rad_release_dependents();
-  add_rms_finish<VPT, BF16, GROUP>(a, yv, rv, wv, on, t, row, row_ok, red_sum, red_max);
+  add_rms_finish<VPT, BF16, GROUP>(a, yv, rv, wv, on, rth, sh);
+  cluster_row_done(split);
 }
 
 }  // namespace radiance
@@ -46,10 +43,11 @@ RAD_EXPORT int radiance_add_rms_quant(const void* y, int64_t y_stride, const voi
   if (cfg.vpt == 0) return (int)rad_error_invalid_value;
   a.tpr = cfg.tpr;
   a.rpb = cfg.rpb;
-  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
+  a.split = cfg.split;
+  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb * cfg.split)), block(cfg.tpr * cfg.rpb);
   const bool bf16 = act_dtype == 0, grp = group == 128;
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(add_rms_quant_kernel, VPT, bf16, grp, grid, block, s, a));
+  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(add_rms_quant_kernel, VPT, bf16, grp, grid, block, s, a, cfg.split));
   return (int)err;
 }

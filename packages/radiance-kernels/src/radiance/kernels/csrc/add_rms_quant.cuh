@@ -26,7 +26,7 @@ struct AddRmsArgs {
   float* scale;
   int64_t M, K;
   float eps, mean_factor;
-  int wdtype, gemma, fmt, tpr, rpb;
+  int wdtype, gemma, fmt, tpr, rpb, split;
 };
 
 template <bool BF16>
@@ -35,18 +35,18 @@ RAD_DEVICE float round_to(int dtype, float f) {  // f32 -> dtype -> f32 (fp32: i
   return dtype == 0 ? rad_bf16_to_f32(rad_f32_to_bf16(f)) : rad_f16_to_f32(rad_f32_to_f16(f));
 }
 
-// Thread t of a row owns vectors c = v*tpr + t (epilogue_common.cuh); `on[v]` says whether that
+// Thread t of a row owns vectors c = v*rt + t (epilogue_common.cuh); `on[v]` says whether that
 // vector exists. 16-bit weights are static: callers fetch them before waiting for the previous
 // kernel, so their latency overlaps its tail (fp32 weights are read later, where they are used).
 template <int VPT>
-RAD_DEVICE void add_rms_prefetch_weights(const AddRmsArgs& a, int t, bool row_ok, bool (&on)[VPT],
-                                         uint4 (&wv)[VPT]) {
+RAD_DEVICE void add_rms_prefetch_weights(const AddRmsArgs& a, const RowThread& rth,
+                                         bool (&on)[VPT], uint4 (&wv)[VPT]) {
   const int64_t nvec = a.K / 8;
   const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * a.tpr + t;
-    on[v] = row_ok && c < nvec;
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    on[v] = rth.row_ok && c < nvec;
     wv[v] = on[v] && a.wdtype != 2 ? ld16(reinterpret_cast<const uint16_t*>(a.weight) + c * 8) : z;
   }
 }
@@ -54,9 +54,11 @@ RAD_DEVICE void add_rms_prefetch_weights(const AddRmsArgs& a, int t, bool row_ok
 // Everything after the loads: yv and rv hold the row's y and residual vectors (zero where !on).
 template <int VPT, bool BF16, bool GROUP>
 RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], const uint4 (&rv)[VPT],
-                               const uint4 (&wv)[VPT], const bool (&on)[VPT], int t, int64_t row,
-                               bool row_ok, float* red_sum, uint32_t* red_max) {
-  const int tpr = a.tpr;
+                               const uint4 (&wv)[VPT], const bool (&on)[VPT], const RowThread& rth,
+                               RowShared& sh) {
+  const int t = rth.t, rt = rth.rt;
+  const int64_t row = rth.row;
+  const int split = split_for<VPT>(a.split);
   const bool has_res = a.residual != nullptr;
   const bool w16 = a.wdtype != 2;
   float x[VPT][8];
@@ -73,15 +75,15 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
       h[e] = rad_f32_to_act<BF16>(x[v][e]);
       ss = rad_add(ss, rad_mul(x[v][e], x[v][e]));
     }
-    if (on[v] && has_res) st16(a.residual_out + row * a.K + ((int64_t)v * tpr + t) * 8, pack8(h));
+    if (on[v] && has_res) st16(a.residual_out + row * a.K + ((int64_t)v * rt + t) * 8, pack8(h));
   }
-  ss = row_sum(ss, tpr, red_sum);
+  ss = cluster_row_sum(row_sum(ss, a.tpr, sh.red_sum), split, &sh.part_sum);
   const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
 
   uint4 o[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * tpr + t;
+    const int64_t c = (int64_t)v * rt + t;
     float w[8];
     if (w16) {
 #pragma unroll
@@ -113,11 +115,11 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     }
     o[v] = pack8(h);
   }
-  quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.K, a.q, a.scale, a.fmt, red_max);
+  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.K, a.q, a.scale, a.fmt, sh);
 }
 
 // Host side: checks an add_rms_quant call's arguments and fills everything but the launch layout
-// (tpr, rpb). Returns 0, or the invalid-value code.
+// (tpr, rpb, split: set by the caller). Returns 0, or the invalid-value code.
 inline int make_add_rms_args(const void* y, int64_t y_stride, const void* residual,
                              const void* weight, int weight_dtype, void* q, float* scale,
                              void* residual_out, int64_t M, int64_t K, float eps, int gemma,
@@ -145,6 +147,7 @@ inline int make_add_rms_args(const void* y, int64_t y_stride, const void* residu
   a->gemma = gemma ? 1 : 0;
   a->fmt = fp8;
   a->tpr = a->rpb = 0;
+  a->split = 1;
   return 0;
 }
 

@@ -21,38 +21,34 @@ constexpr int kArMaxVpt = 4;
 template <int VPT, bool BF16, bool GROUP, int WS>
 __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     ar_add_rms_quant_kernel(const ArAddRmsArgs args) {
-  __shared__ float red_sum[kMaxWarps];
-  __shared__ uint32_t red_max[kMaxWarps];
+  __shared__ RowShared sh;
   __shared__ uint32_t call_s;
   const AddRmsArgs& a = args.a;
   const PeerSet& p = args.p;
-  const int tpr = a.tpr;
-  const int rib = threadIdx.x / tpr;
-  const int t = threadIdx.x - rib * tpr;
-  const int64_t row = (int64_t)blockIdx.x * a.rpb + rib;
-  const bool row_ok = row < a.M;
+  const RowThread rth = row_thread(a.tpr, a.rpb, 1, a.M);  // never split: block b pairs with b
 
   bool on[VPT];
   uint4 yv[VPT], rv[VPT], wv[VPT], sum[VPT];
   const uint4 z = make_uint4(0, 0, 0, 0);
-  add_rms_prefetch_weights<VPT>(a, t, row_ok, on, wv);
+  add_rms_prefetch_weights<VPT>(a, rth, on, wv);
   rad_wait_prior_grids();
   const uint32_t call = ar_begin_call(p, &call_s);
   uint16_t* mine = ar_staging(p, p.rank, call);
+  const int64_t row_off = rth.row * a.K;
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * tpr + t;
-    yv[v] = on[v] ? ld16(a.y + row * a.y_stride + c * 8) : z;
-    rv[v] = on[v] ? ld16(a.residual + row * a.K + c * 8) : z;
-    if (on[v]) st16(mine + row * a.K + c * 8, yv[v]);
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    yv[v] = on[v] ? ld16(a.y + row_off + c * 8) : z;
+    rv[v] = on[v] ? ld16(a.residual + row_off + c * 8) : z;
+    if (on[v]) st16(mine + row_off + c * 8, yv[v]);
   }
   ar_block_exchange(p, call);
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * tpr + t;
-    sum[v] = on[v] ? ar_sum_vector<BF16, WS>(p, call, row * a.K + c * 8, yv[v]) : z;
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    sum[v] = on[v] ? ar_sum_vector<BF16, WS>(p, call, row_off + c * 8, yv[v]) : z;
   }
-  add_rms_finish<VPT, BF16, GROUP>(a, sum, rv, wv, on, t, row, row_ok, red_sum, red_max);
+  add_rms_finish<VPT, BF16, GROUP>(a, sum, rv, wv, on, rth, sh);
   ar_end_call(p, call);
 }
 
@@ -84,7 +80,7 @@ RAD_EXPORT int radiance_ar_add_rms_quant(const void* peers, const void* y, const
                                     M, K, eps, gemma, group, act_dtype, fp8, &args.a);
   if (bad || M == 0) return bad;
   if (M * K * 2 > p->data_bytes) return (int)rad_error_invalid_value;
-  const LaunchConfig cfg = pick_config(kOpAddRms, M, K / 8, host_warp_size(), group != 0);
+  const LaunchConfig cfg = pick_config(kOpAddRms, M, K / 8, host_warp_size(), group != 0, false);
   if (cfg.vpt == 0 || cfg.vpt > kArMaxVpt) return (int)rad_error_invalid_value;
   const int64_t blocks = (M + cfg.rpb - 1) / cfg.rpb;
   if (blocks > kArMaxBlocks) return (int)rad_error_invalid_value;

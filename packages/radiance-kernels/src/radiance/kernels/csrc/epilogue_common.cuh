@@ -1,12 +1,14 @@
 // Shared pieces of the three epilogue kernels: the thread layout, row reductions, the group-128
 // amax and the dynamic FP8 quant + store.
 //
-// Thread layout. A block holds `rpb` rows of `tpr` threads each (tpr a multiple of 32). A row of
-// K elements is nvec = K/8 vectors of 16 bytes; thread t of a row owns vectors c = v*tpr + t for
-// v < VPT, so a warp touches 32 consecutive 16-byte vectors per step (fully coalesced) and the
-// whole row stays in registers between the reduction and the quant: one pass over memory.
-// Because tpr is a multiple of 16, the 16 consecutive lanes t = 16j..16j+15 of each step own one
-// 128-column quant group, so the group amax is a 4-step shuffle within 16 lanes.
+// Thread layout. A block holds `rpb` rows of `tpr` threads each (tpr a multiple of 32), or, split
+// across a thread-block cluster, one row is served by `split` consecutive blocks of tpr threads
+// (rt = tpr * split threads per row). A row of K elements is nvec = K/8 vectors of 16 bytes;
+// thread t of a row (0 <= t < rt) owns vectors c = v*rt + t for v < VPT, so a warp touches 32
+// consecutive 16-byte vectors per step (fully coalesced) and the whole row stays in registers
+// between the reduction and the quant: one pass over memory. Because tpr is a multiple of 16, the
+// 16 consecutive lanes t = 16j..16j+15 of each step own one 128-column quant group (never split
+// between blocks), so the group amax is a 4-step shuffle within 16 lanes.
 //
 // Quant, mirroring vLLM's QuantFP8.forward_native as torch evaluates it on the GPU:
 //   scale = max(amax * (1/FP8_MAX), 1/(FP8_MAX*512))   (tensor / python scalar is a multiply by
@@ -19,15 +21,60 @@
 
 #include "portability.h"
 
+#if !defined(RADIANCE_HIP)
+#include <cooperative_groups.h>
+#endif
+
 namespace radiance {
 
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWarps = kMaxThreads / 32;
 
 struct LaunchConfig {
-  int vpt;  // 16-byte vectors per thread per row (compile-time in the kernel)
-  int tpr;  // threads per row
-  int rpb;  // rows per block
+  int vpt;    // 16-byte vectors per thread per row (compile-time in the kernel)
+  int tpr;    // threads per row in one block
+  int rpb;    // rows per block
+  int split;  // blocks (one cluster) per row; 1: a row lives in one block
+};
+
+// The split a kernel instantiation honours: rows are split only in the decode layouts (at most 2
+// vectors a thread); for the large-M instantiations it is the constant 1, so their code carries
+// no cluster path (whose temporaries, live next to the row in registers, cost them occupancy).
+template <int VPT>
+RAD_DEVICE int split_for(int split) {
+  return VPT <= 2 ? split : 1;
+}
+
+// Where a thread works: its row and its index among the row's threads (across the split).
+struct RowThread {
+  int64_t row;
+  int t;   // 0 <= t < rt
+  int rt;  // threads per row, tpr * split
+  bool row_ok;
+};
+
+RAD_DEVICE RowThread row_thread(int tpr, int rpb, int split, int64_t M) {
+  RowThread r;
+  const int rib = threadIdx.x / tpr;
+  const int local = threadIdx.x - rib * tpr;
+  if (split > 1) {  // one row per block, `split` consecutive blocks (a cluster) per row
+    r.row = blockIdx.x / split;
+    r.t = (int)(blockIdx.x % split) * tpr + local;
+  } else {
+    r.row = (int64_t)blockIdx.x * rpb + rib;
+    r.t = local;
+  }
+  r.rt = tpr * split;
+  r.row_ok = r.row < M;
+  return r;
+}
+
+// Shared memory of one epilogue block: per-warp partials, and the block's part of a split row.
+struct RowShared {
+  float red_sum[kMaxWarps];
+  uint32_t red_max[kMaxWarps];
+  float part_sum;
+  uint32_t part_max;
 };
 
 // ---- 16-byte vectors ----------------------------------------------------------------------
@@ -67,11 +114,15 @@ RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[
 }
 
 // ---- reductions ---------------------------------------------------------------------------
-// Sum over the tpr threads of one row. The warp part is a butterfly; rows wider than a warp
-// finish through shared memory, read back by every thread in the same fixed order, so all threads
-// of a row hold the identical total. `red` must be a distinct buffer per reduction in a kernel
-// (the single __syncthreads of each reduction then suffices). tpr and the loop bounds are uniform
-// over the block, so the barrier is reached by all threads.
+// Sum over the tpr threads of one row in this block. The warp part is a butterfly; rows wider
+// than a warp put one partial per warp in shared memory, which every thread of the row then adds
+// in the same order: in sequence for a few warps (large-M rows of up to 8 warps), by a second
+// butterfly for more (decode rows of up to 32 warps, where a 32-step sequence of dependent
+// shared-memory loads and adds was measured to cost ~0.3 us; zero-padded: adding +0 to a sum of
+// squares is exact). A butterfly leaves the identical total in every lane, because each step adds
+// the same two values, only in swapped order. `red` must be a distinct buffer per reduction in a
+// kernel (the single __syncthreads of each reduction then suffices). tpr and the loop bounds are
+// uniform over the block, so the barrier is reached by all threads.
 RAD_DEVICE float row_sum(float v, int tpr, float* red) {
 #pragma unroll
   for (int off = RAD_WARP / 2; off > 0; off >>= 1)
@@ -84,7 +135,13 @@ RAD_DEVICE float row_sum(float v, int tpr, float* red) {
   __syncthreads();
   const int first = (warp / wpr) * wpr;
   float s = 0.0f;
-  for (int i = 0; i < wpr; ++i) s += red[first + i];
+  if (wpr <= 8) {
+    for (int i = 0; i < wpr; ++i) s += red[first + i];
+    return s;
+  }
+  s = lane < wpr ? red[first + lane] : 0.0f;
+#pragma unroll
+  for (int off = RAD_WARP / 2; off > 0; off >>= 1) s += rad_shfl_xor(s, off);
   return s;
 }
 
@@ -100,8 +157,59 @@ RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, uint32_t* red) {
   __syncthreads();
   const int first = (warp / wpr) * wpr;
   uint32_t m = 0;
-  for (int i = 0; i < wpr; ++i) m = max(m, red[first + i]);
+  if (wpr <= 8) {
+    for (int i = 0; i < wpr; ++i) m = max(m, red[first + i]);
+    return m;
+  }
+  m = lane < wpr ? red[first + lane] : 0u;
+#pragma unroll
+  for (int off = RAD_WARP / 2; off > 0; off >>= 1) m = max(m, rad_shfl_xor(m, off));
   return m;
+}
+
+// ---- rows split across a thread-block cluster (sm_90+) ------------------------------------
+// At decode sizes a row per block leaves most SMs idle, and one block's instruction stream over
+// the whole row is the latency. Split, each block reduces its part of the row, then reads every
+// block's part from the cluster's distributed shared memory and adds them in cluster-rank order,
+// so every block of the row holds the identical total. Only with one row per block; HIP has no
+// clusters (split is always 1 there).
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RAD_CLUSTERS 1
+#endif
+
+RAD_DEVICE float cluster_row_sum(float v, int split, float* part) {
+#ifdef RAD_CLUSTERS
+  if (split > 1) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) *part = v;
+    cl.sync();
+    float s = *cl.map_shared_rank(part, 0);
+    for (int r = 1; r < split; ++r) s = rad_add(s, *cl.map_shared_rank(part, r));
+    return s;
+  }
+#endif
+  return v;
+}
+
+RAD_DEVICE uint32_t cluster_row_max(uint32_t v, int split, uint32_t* part) {
+#ifdef RAD_CLUSTERS
+  if (split > 1) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) *part = v;
+    cl.sync();
+    uint32_t m = 0;
+    for (int r = 0; r < split; ++r) m = max(m, *cl.map_shared_rank(part, r));
+    return m;
+  }
+#endif
+  return v;
+}
+
+// Before a split block exits: its shared memory must outlive the other blocks' reads of it.
+RAD_DEVICE void cluster_row_done(int split) {
+#ifdef RAD_CLUSTERS
+  if (split > 1) cooperative_groups::this_cluster().sync();
+#endif
 }
 
 // Max over the 16 lanes that share one 128-column group.
@@ -172,11 +280,13 @@ RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt,
 }
 
 // The quant tail shared by all three ops. o[v] holds the row's output (act dtype, packed) for
-// vector c = v*tpr + t; `on[v]` says whether that vector exists. Writes q and the scale(s).
+// vector c = v*rt + t; `on[v]` says whether that vector exists. Writes q and the scale(s).
 template <int VPT, bool BF16, bool GROUP>
-RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], int t, int tpr,
-                             bool row_ok, int64_t row, int64_t K, uint8_t* q, float* scale,
-                             int fmt, uint32_t* red_max) {
+RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const RowThread& rth,
+                             int tpr, int split, int64_t K, uint8_t* q, float* scale, int fmt,
+                             RowShared& sh) {
+  const int t = rth.t, rt = rth.rt;
+  const int64_t row = rth.row;
   uint32_t vmax[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
@@ -193,7 +303,7 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], int t
       const float s = quant_scale(group16_max_u32(vmax[v]), fmt);
       if (!on[v]) continue;
       const float r = 1.0f / s;
-      const int64_t c = (int64_t)v * tpr + t;
+      const int64_t c = (int64_t)v * rt + t;
       if ((t & 15) == 0) scale[row * (K / 128) + c / 16] = s;
       float f[8];
       unpack8<BF16>(o[v], f);
@@ -203,16 +313,17 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], int t
     uint32_t m = 0;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) m = max(m, vmax[v]);
-    m = row_max_u32(m, tpr, red_max);
+    m = row_max_u32(m, tpr, sh.red_max);
+    m = cluster_row_max(m, split, &sh.part_max);
     const float s = quant_scale(m, fmt);
     const float r = 1.0f / s;  // torch: scale.reciprocal()
-    if (row_ok && t == 0) scale[row] = s;
+    if (rth.row_ok && t == 0) scale[row] = s;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
       if (!on[v]) continue;
       float f[8];
       unpack8<BF16>(o[v], f);
-      quant_store8<false>(f, s, r, fmt, q + row * K + ((int64_t)v * tpr + t) * 8);
+      quant_store8<false>(f, s, r, fmt, q + row * K + ((int64_t)v * rt + t) * 8);
     }
   }
 }
@@ -239,8 +350,14 @@ namespace radiance {
 // Op ids for the launch-config override and query (radiance_set_launch_config).
 enum OpId { kOpAddRms = 0, kOpSiluMul = 1, kOpGdnNorm = 2, kOpCount = 3 };
 
+// Whether a split row's blocks exchange partials (and so must form a cluster): add_rms_quant's
+// row sum crosses blocks, and so does any per-token row max; silu_mul_quant and gdn_norm_quant
+// with group-128 scales reduce only within a group, and their blocks never talk.
+inline bool split_needs_cluster(int op, bool group) { return op == kOpAddRms || !group; }
+
 // Defined in abi.cu.
-LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group);
+LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group,
+                         bool allow_split = true);
 int host_warp_size();
 bool aligned(const void* p, int bytes);
 
@@ -249,11 +366,11 @@ bool aligned(const void* p, int bytes);
 // Expands `BODY` with a compile-time VPT matching cfg.vpt (1..6, 8).
 // Launches KERNEL<VPT, BF16, GROUP> for the runtime (bf16, group) pair: each op compiles all four
 // per vectors-per-thread count, and picks one per call.
-#define RAD_LAUNCH_TYPED(KERNEL, VPT, bf16, group, grid, block, stream, args)           \
-  ((bf16) ? ((group) ? rad_launch(KERNEL<VPT, true, true>, grid, block, stream, args)    \
-                     : rad_launch(KERNEL<VPT, true, false>, grid, block, stream, args))  \
-          : ((group) ? rad_launch(KERNEL<VPT, false, true>, grid, block, stream, args)   \
-                     : rad_launch(KERNEL<VPT, false, false>, grid, block, stream, args)))
+#define RAD_LAUNCH_TYPED(KERNEL, VPT, bf16, group, grid, block, stream, args, split)           \
+  ((bf16) ? ((group) ? rad_launch(KERNEL<VPT, true, true>, grid, block, stream, args, split)    \
+                     : rad_launch(KERNEL<VPT, true, false>, grid, block, stream, args, split))  \
+          : ((group) ? rad_launch(KERNEL<VPT, false, true>, grid, block, stream, args, split)   \
+                     : rad_launch(KERNEL<VPT, false, false>, grid, block, stream, args, split)))
 
 #define RAD_DISPATCH_VPT(vpt, BODY)                   \
   switch (vpt) {                                      \

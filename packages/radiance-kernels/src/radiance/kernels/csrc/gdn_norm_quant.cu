@@ -21,36 +21,33 @@ struct GdnArgs {
   float* scale;
   int64_t M, N;
   float eps, mean_factor;
-  int head_lanes, wdtype, fmt, tpr, rpb;
+  int head_lanes, wdtype, fmt, tpr, rpb, split;
 };
 
 template <int VPT, bool BF16, bool GROUP>
 __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     gdn_norm_quant_kernel(const GdnArgs a) {
-  __shared__ uint32_t red_max[kMaxWarps];
-  const int tpr = a.tpr;
-  const int rib = threadIdx.x / tpr;
-  const int t = threadIdx.x - rib * tpr;
-  const int64_t row = (int64_t)blockIdx.x * a.rpb + rib;
-  const bool row_ok = row < a.M;
+  __shared__ RowShared sh;
+  const int split = split_for<VPT>(a.split);
+  const RowThread rth = row_thread(a.tpr, a.rpb, split, a.M);
   const int64_t nvec = a.N / 8;
 
-  // tpr*8 is a multiple of head_dim (tpr % 32 == 0, head_dim <= 256), so a thread sees the same
+  // rt*8 is a multiple of head_dim (rt % 32 == 0, head_dim <= 256), so a thread sees the same
   // 8 weights in every vector it owns. The weight is static: read before the wait for the
   // previous kernel (see rad_wait_prior_grids).
   float w[8];
-  load_weight8(a.weight, a.wdtype, (int64_t)(t % a.head_lanes) * 8, w);
+  load_weight8(a.weight, a.wdtype, (int64_t)(rth.t % a.head_lanes) * 8, w);
   rad_wait_prior_grids();
 
   bool on[VPT];
   uint4 xv[VPT], zv[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * tpr + t;
-    on[v] = row_ok && c < nvec;
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    on[v] = rth.row_ok && c < nvec;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    xv[v] = on[v] ? ld16(a.x + row * a.x_stride + c * 8) : zero;
-    zv[v] = on[v] ? ld16(a.z + row * a.z_stride + c * 8) : zero;
+    xv[v] = on[v] ? ld16(a.x + rth.row * a.x_stride + c * 8) : zero;
+    zv[v] = on[v] ? ld16(a.z + rth.row * a.z_stride + c * 8) : zero;
   }
   rad_release_dependents();
 
@@ -75,7 +72,8 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     }
     o[v] = pack8(h);
   }
-  quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.N, a.q, a.scale, a.fmt, red_max);
+  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh);
+  cluster_row_done(GROUP ? 1 : split);  // group-128 split blocks never read each other
 }
 
 
@@ -116,9 +114,10 @@ RAD_EXPORT int radiance_gdn_norm_quant(const void* x, int64_t x_stride, const vo
   a.fmt = fp8;
   a.tpr = cfg.tpr;
   a.rpb = cfg.rpb;
-  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
+  a.split = cfg.split;
+  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb * cfg.split)), block(cfg.tpr * cfg.rpb);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(gdn_norm_quant_kernel, VPT, act_dtype == 0, group == 128, grid, block, s, a));
+  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(gdn_norm_quant_kernel, VPT, act_dtype == 0, group == 128, grid, block, s, a, split_needs_cluster(kOpGdnNorm, group != 0) ? cfg.split : 1));
   return (int)err;
 }

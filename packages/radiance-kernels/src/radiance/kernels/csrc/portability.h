@@ -237,14 +237,18 @@ namespace radiance {
 bool pdl_enabled();  // sm_90+ and not switched off (abi.cu)
 }
 
+// `cluster` > 1 launches clusters of that many consecutive blocks (sm_90+; gridDim.x must be a
+// multiple of it). HIP has no clusters: callers pass 1 there.
 template <typename Arg>
 inline rad_error_t rad_launch(void (*kernel)(Arg), dim3 grid, dim3 block, rad_stream_t stream,
-                              const Arg& arg) {
+                              const Arg& arg, int cluster = 1) {
 #ifdef RADIANCE_HIP
+  if (cluster != 1) return hipErrorInvalidValue;
   kernel<<<grid, block, 0, stream>>>(arg);
   return hipGetLastError();
 #else
-  if (!radiance::pdl_enabled()) {
+  const bool pdl = radiance::pdl_enabled();
+  if (!pdl && cluster == 1) {
     kernel<<<grid, block, 0, stream>>>(arg);
     return cudaGetLastError();
   }
@@ -253,11 +257,22 @@ inline rad_error_t rad_launch(void (*kernel)(Arg), dim3 grid, dim3 block, rad_st
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = (unsigned)cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, arg);
 #endif
 }

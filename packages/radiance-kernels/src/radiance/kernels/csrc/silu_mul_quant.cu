@@ -17,18 +17,15 @@ struct SiluMulArgs {
   uint8_t* q;
   float* scale;
   int64_t M, N;
-  int fmt, tpr, rpb;
+  int fmt, tpr, rpb, split;
 };
 
 template <int VPT, bool BF16, bool GROUP>
 __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     silu_mul_quant_kernel(const SiluMulArgs a) {
-  __shared__ uint32_t red_max[kMaxWarps];
-  const int tpr = a.tpr;
-  const int rib = threadIdx.x / tpr;
-  const int t = threadIdx.x - rib * tpr;
-  const int64_t row = (int64_t)blockIdx.x * a.rpb + rib;
-  const bool row_ok = row < a.M;
+  __shared__ RowShared sh;
+  const int split = split_for<VPT>(a.split);
+  const RowThread rth = row_thread(a.tpr, a.rpb, split, a.M);
   const int64_t nvec = a.N / 8;
 
   bool on[VPT];
@@ -36,9 +33,9 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   rad_wait_prior_grids();
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * tpr + t;
-    on[v] = row_ok && c < nvec;
-    const uint16_t* base = a.gu + row * a.gu_stride + c * 8;
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    on[v] = rth.row_ok && c < nvec;
+    const uint16_t* base = a.gu + rth.row * a.gu_stride + c * 8;
     const uint4 z = make_uint4(0, 0, 0, 0);
     gv[v] = on[v] ? ld16(base) : z;
     uv[v] = on[v] ? ld16(base + a.N) : z;
@@ -59,7 +56,8 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     }
     o[v] = pack8(h);
   }
-  quantize_row<VPT, BF16, GROUP>(o, on, t, tpr, row_ok, row, a.N, a.q, a.scale, a.fmt, red_max);
+  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh);
+  cluster_row_done(GROUP ? 1 : split);  // group-128 split blocks never read each other
 }
 
 
@@ -87,9 +85,10 @@ RAD_EXPORT int radiance_silu_mul_quant(const void* gu, int64_t gu_stride, void* 
   a.fmt = fp8;
   a.tpr = cfg.tpr;
   a.rpb = cfg.rpb;
-  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb)), block(cfg.tpr * cfg.rpb);
+  a.split = cfg.split;
+  const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb * cfg.split)), block(cfg.tpr * cfg.rpb);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(silu_mul_quant_kernel, VPT, act_dtype == 0, group == 128, grid, block, s, a));
+  RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(silu_mul_quant_kernel, VPT, act_dtype == 0, group == 128, grid, block, s, a, split_needs_cluster(kOpSiluMul, group != 0) ? cfg.split : 1));
   return (int)err;
 }
