@@ -7,9 +7,9 @@ namespace radiance {
 // Benchmark-only override of the launch heuristic, per op; vpt == 0 means "use the heuristic".
 static LaunchConfig g_override[kOpCount] = {};
 
-// Splitting a decode row across a cluster (epilogue_common.cuh) pays while each block keeps at
-// least this many 16-byte vectors; below it the cluster barriers cost more than the shorter
-// per-block instruction stream saves.
+// Splitting a decode row over blocks (pick_split) pays while each block keeps at least this many
+// 16-byte vectors; below it the extra blocks (and, where they form a cluster, its barriers) cost
+// more than the shorter per-block instruction stream saves.
 static int g_min_split_vectors = 128;
 
 // PDL (see rad_launch): on for sm_90+ devices unless the benchmark switched it off.
