@@ -40,10 +40,9 @@ class StandInPeerSet:
         self.why_not = why_not
         self.fused_calls = 0
 
-    def fused_reason(self, y, residual, group):
-        return self.why_not
-
-    def ar_add_rms_quant(self, y, residual, weight, eps, *, gemma, group, fp8_dtype):
+    def serve_ar_add_rms_quant(self, y, residual, weight, eps, *, gemma, group, fp8_dtype):
+        if self.why_not is not None:
+            return None
         self.fused_calls += 1
         return reference.ar_add_rms_quant([y, y], residual, weight, eps, gemma=gemma,
                                           group=group, fp8_dtype=fp8_dtype)

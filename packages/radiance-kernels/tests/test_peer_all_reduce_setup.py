@@ -102,6 +102,20 @@ def _decisions(comm):
             for name, (y, res, group) in cases.items()}
 
 
+def _refused_call(comm):
+    """A call the one-kernel path does not serve: served-or-None gives None, the public op
+    raises with the reason; neither reaches the kernel library (the scripted backend has none)."""
+    y = torch.randn(FUSED_MAX_M + 1, 256).to(torch.bfloat16)
+    w = torch.ones(256, dtype=torch.bfloat16)
+    served = comm.serve_ar_add_rms_quant(y, y, w, 1e-6, group=128)
+    try:
+        comm.ar_add_rms_quant(y, y, w, 1e-6, group=128)
+        raised = None
+    except ValueError as exc:
+        raised = str(exc)
+    return {"served": served, "raised": raised}
+
+
 def _worker(rank, ws, store, out_dir, names):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ws)
     results = {}
@@ -115,6 +129,7 @@ def _worker(rank, ws, store, out_dir, names):
         res = {"enabled": comm.enabled, "reason": comm.reason, "calls": backend.calls}
         if comm.enabled:
             res["decisions"] = _decisions(comm)
+            res["refused_call"] = _refused_call(comm)
             res["records"] = [r for r in registry.selections() if r["op"] == "ar_add_rms_quant"]
             comm.close()
             res["calls_after_close"] = list(backend.calls)
@@ -203,3 +218,10 @@ def test_unsupported_world_size_disables_every_rank(tmp_path):
         assert not r["all_ok"]["enabled"]
         assert r["all_ok"]["reason"].startswith("rank 0: world size 3")
         assert r["all_ok"]["calls"] == []
+
+
+def test_a_refused_call_returns_none_or_raises_before_any_launch(two_ranks):
+    for r in two_ranks:
+        refused = r["all_ok"]["refused_call"]
+        assert refused["served"] is None
+        assert refused["raised"] is not None and "M=513 outside 1..512" in refused["raised"]

@@ -91,10 +91,10 @@ def one_kernel(y, residual, weight, eps, gemma, group, fp8_dtype):
 
     The branch reads the setup outcome (the same on every rank) and shapes only."""
     comm = _comm
-    if comm is None or comm.fused_reason(y, residual, group) is not None:
+    if comm is None:
         return None
-    return comm.ar_add_rms_quant(y, residual, weight, eps, gemma=gemma, group=group,
-                                 fp8_dtype=fp8_dtype)
+    return comm.serve_ar_add_rms_quant(y, residual, weight, eps, gemma=gemma, group=group,
+                                       fp8_dtype=fp8_dtype)
 
 
 def _reset_for_tests() -> None:

@@ -305,7 +305,7 @@ class PeerAllReduce:
         kops.check_code(self._backend.lib, code, "all_reduce")
         return out
 
-    def ar_add_rms_quant(
+    def serve_ar_add_rms_quant(
         self,
         y: torch.Tensor,
         residual: torch.Tensor,
@@ -315,14 +315,13 @@ class PeerAllReduce:
         gemma: bool = False,
         group: int = 0,
         fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``add_rms_quant(all_reduce(y), residual, ...)`` in one kernel; see the reference.
-
-        Raises ``ValueError`` where ``fused_reason`` says the one-kernel path does not serve."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``add_rms_quant(all_reduce(y), residual, ...)`` in one kernel where ``fused_reason``
+        says the one-kernel path serves this call; None otherwise (the caller then reduces and
+        runs the epilogue itself). The arguments are checked first either way."""
         device = kops.check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
-        why = self.fused_reason(y, residual, group)
-        if why is not None:
-            raise ValueError(f"ar_add_rms_quant one-kernel path does not serve this call: {why}")
+        if self.fused_reason(y, residual, group) is not None:
+            return None
         m, k = y.shape
         q = torch.empty((m, k), dtype=fp8_dtype, device=device)
         scale = torch.empty((m, k // group) if group else (m,), dtype=torch.float32, device=device)
@@ -334,3 +333,14 @@ class PeerAllReduce:
             kops.FP8_CODE[fp8_dtype], kops.stream_of(device))
         kops.check_code(self._backend.lib, code, OP)
         return q, scale, residual_out
+
+    def ar_add_rms_quant(self, y, residual, weight, eps, *, gemma=False, group=0,
+                         fp8_dtype=torch.float8_e4m3fn):
+        """``serve_ar_add_rms_quant`` that raises ``ValueError`` (with ``fused_reason``) where the
+        one-kernel path does not serve the call."""
+        out = self.serve_ar_add_rms_quant(y, residual, weight, eps, gemma=gemma, group=group,
+                                          fp8_dtype=fp8_dtype)
+        if out is None:
+            why = self.fused_reason(y, residual, group)
+            raise ValueError(f"ar_add_rms_quant one-kernel path does not serve this call: {why}")
+        return out
