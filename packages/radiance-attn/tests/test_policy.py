@@ -61,6 +61,15 @@ def test_wide_block_m_fill_gate(width, seqs, qpkv, expect):
     assert policy.wide_block_m(g, wide) == want
 
 
+def test_no_widening_when_the_stock_block_holds_every_row():
+    # 2 tokens x 8 queries per KV head = 16 rows: the stock 16-row block already reads the KV once,
+    # so even a permissive fill threshold must not pad it to 32 (measured on sm_90: slower).
+    wide = {"block_m": [32, 64, 128], "min_fill": 0.4}
+    assert policy.wide_block_m(geo(num_query_heads=16, num_kv_heads=2, num_tokens=2, max_seqlen_q=2), wide) is None
+    # 9 tokens: 72 rows, the 128-row block is 56% full and allowed at 0.4
+    assert policy.wide_block_m(geo(num_query_heads=16, num_kv_heads=2, num_tokens=9, max_seqlen_q=9), wide) == 128
+
+
 def test_wide_block_m_exact_threshold():
     wide = GFX["aiter"]["decode_3d"]["verify"]["wide"]
     # qpkv 8: width 7 -> 56 rows = 87.5% (widen); qpkv 4: width 13 -> 52 rows = 81% (widen),

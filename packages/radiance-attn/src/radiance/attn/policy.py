@@ -145,8 +145,8 @@ def wide_block_m(geo: Geometry, wide: Mapping[str, Any] | None) -> int | None:
     """The widened BLOCK_M for a verify batch, or None to keep the stock block.
 
     Widening applies only to mixed batches of several query tokens per sequence (never to an
-    all-decode pass), only to the smallest allowed block that holds all of a sequence's rows,
-    and only when that block is at least ``min_fill`` full.
+    all-decode pass) whose rows do not fit the stock block, only to the smallest allowed block
+    that holds all of a sequence's rows, and only when that block is at least ``min_fill`` full.
     """
     if not wide or geo.all_decode:
         return None
@@ -155,6 +155,8 @@ def wide_block_m(geo: Geometry, wide: Mapping[str, Any] | None) -> int | None:
         return None
     rows = geo.rows_per_seq
     base = stock_block_m(geo.q_per_kv)
+    if rows <= base:
+        return None  # the stock block already holds every row: a wider one only adds padding
     for bm in sorted(int(b) for b in wide["block_m"]):
         if bm <= base or bm < rows:
             continue
