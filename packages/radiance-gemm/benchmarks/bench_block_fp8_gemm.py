@@ -65,6 +65,8 @@ SHAPES = {
 
 # Launch configs run side by side; the table picks among them.
 VARIANTS = {
+    "cuda_decode": ["skauto-w4-r1-u2", "skauto-w8-r1-u2", "sk1-w8-r1-u4", "skauto-w8-r2-u2",
+                    "sk1-w8-r4-u2", "sk1-w8-r8-u2", "skauto-w4-r4-u2"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-skauto-w4-s4-f1",
                       "bn128-skauto-w4-s3-f1", "bn32-skauto-w2-s6-f1", "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bmauto-bn64-w4-s4", "bm128-bn128-w8-s3"],
@@ -92,6 +94,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--quick", action="store_true", help="two shapes, M in {1, 8, 128}")
+    ap.add_argument("--providers", default="", help="comma-separated subset of providers to run")
+    ap.add_argument("--m", default="", help="comma-separated M values instead of the full list")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
@@ -121,9 +125,14 @@ def main() -> int:
     if args.quick:
         shapes = dict(list(shapes.items())[:2])
         m_values = (1, 8, 128)
+    if args.m:
+        m_values = tuple(int(v) for v in args.m.split(","))
+    wanted = set(filter(None, args.providers.split(",")))
 
     runnable = {}
     for name, cfgs in VARIANTS.items():
+        if wanted and name not in wanted:
+            continue
         p = providers.provider(name)
         why = p.serves(plat, arch, 128, 128, (128, 128), torch.float8_e4m3fn)
         if why:
@@ -172,7 +181,7 @@ def main() -> int:
                         if p.wants_shuffled:
                             from radiance.gemm.aiter_block_fp8 import shuffle_weight
                             bs = [shuffle_weight(b) for b in wqs]
-                        counters = torch.zeros(triton.cdiv(n, 32), dtype=torch.int32, device="cuda")
+                        counters = torch.zeros(triton.cdiv(n, 16), dtype=torch.int32, device="cuda")
                         out = providers.run(name, q, bs[0], sa, sws[0], torch.bfloat16, cfg or None, counters)
                         ratio = float(((out.double() - ref).abs() / tol).max())
                         sa_g = reference.group_scales(sa, m, sa.shape[1])

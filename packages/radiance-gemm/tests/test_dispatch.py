@@ -46,6 +46,10 @@ def test_force_and_exclude(monkeypatch):
     monkeypatch.setenv("RADIANCE_GEMM_PROVIDER", "triton_generic")
     assert _names(dispatch.plan("cuda", "sm90", 2048, 4096, sms=132)) == [
         (providers.M_ANY, "triton_generic")]
+    # a provider limited to M <= 16 serves exactly that range; the normal route serves the rest
+    monkeypatch.setenv("RADIANCE_GEMM_PROVIDER", "triton_splitk")
+    assert _names(dispatch.plan("cuda", "sm90", 2048, 4096, sms=132)) == [
+        (16, "triton_splitk"), (providers.M_ANY, "torch_blockwise")]
     monkeypatch.setenv("RADIANCE_GEMM_PROVIDER", "no_such")
     with pytest.raises(ValueError):
         dispatch.plan("cuda", "sm90", 2048, 4096)
@@ -145,3 +149,22 @@ def test_custom_op_fake_shape():
                                                    [providers.M_ANY, 0, 128, 128, 0, 0, 0],
                                                    torch.bfloat16)
     assert out.shape == (5, 384) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("n,k,want", [(5120, 4096, 1), (2048, 4096, 2), (1024, 2048, 4),
+                                      (512, 2048, 8), (2048, 256, 2), (51200, 5120, 1)])
+def test_cuda_decode_auto_split_fills_about_two_blocks_per_sm(n, k, want):
+    split, warps, rows, unroll, _ = providers.parse_config("cuda_decode", "skauto-w4-r1-u2", n, k, 132)
+    assert (split, warps, rows, unroll) == (want, 4, 1, 2)
+    assert (n // 16) * split <= 2 * 132 or split == 1
+    assert split <= k // 128  # never an empty K range
+
+
+def test_cuda_decode_config_round_trips():
+    params = providers.parse_config("cuda_decode", "sk4-w8-r2-u4", 4096, 4096, 132)
+    assert params == (4, 8, 2, 4, 0)
+    assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-u4"
+    # auto split counts block columns: four row warps make a quarter of the columns
+    assert providers.parse_config("cuda_decode", "skauto-w4-r4-u2", 2048, 4096, 132)[0] == 8
+    assert providers.provider("cuda_decode").serves("cuda", "sm80", 4096, 4096, (128, 128),
+                                                    torch.float8_e4m3fn).startswith("arch sm80")

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.gpu
 SHAPES = [(1, 2048, 4096), (2, 1024, 2048), (5, 2000, 1536), (8, 4096, 2048), (16, 6144, 2048),
           (17, 1024, 512), (64, 2048, 2048), (300, 1536, 1024), (2048, 2048, 4096)]
 CONFIGS = {
+    "cuda_decode": ["skauto-w4-r1-u2", "sk1-w8-r1-u4", "sk4-w4-r4-u2", "sk1-w8-r8-u2", "sk2-w8-r2-u4"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-sk4-w4-s4-f1",
                       "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bm128-bn128-w8-s3"],
@@ -60,7 +61,8 @@ def test_provider_matches_float64_reference(name, cfg, m, n, k):
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} off; max err {float(err.max()):.4g}"
 
 
-@pytest.mark.parametrize("name,cfg", [("triton_splitk", "bn64-skauto-w4-s4-f1"),
+@pytest.mark.parametrize("name,cfg", [("cuda_decode", "sk2-w4-r2-u2"),
+                                      ("triton_splitk", "bn64-skauto-w4-s4-f1"),
                                       ("triton_generic", "bmauto-bn128-w4-s3"),
                                       ("torch_blockwise", "")])
 def test_per_token_stride0_scales_equal_group_scales_bit_for_bit(name, cfg):
@@ -76,14 +78,17 @@ def test_per_token_stride0_scales_equal_group_scales_bit_for_bit(name, cfg):
     assert torch.equal(a, b)
 
 
-def test_splitk_fixup_leaves_counters_zero_and_is_deterministic():
-    m, n, k = 4, 4096, 4096
+@pytest.mark.parametrize("name,cfg", [("triton_splitk", "bn64-sk8-w4-s4-f1"),
+                                      ("cuda_decode", "sk8-w4-r1-u2"), ("cuda_decode", "sk4-w8-r4-u4")])
+def test_splitk_fixup_leaves_counters_zero_and_is_deterministic(name, cfg):
+    m, n, k = 12, 4096, 4096
+    if _servable(name, m, n, k):
+        pytest.skip(_servable(name, m, n, k))
     q, wq, sa, sw = _operands(m, n, k)
-    counters = torch.zeros(n // 32, dtype=torch.int32, device="cuda")
-    first = providers.run("triton_splitk", q, wq, sa, sw, torch.bfloat16, "bn64-sk8-w4-s4-f1", counters)
+    counters = torch.zeros(n // 16, dtype=torch.int32, device="cuda")
+    first = providers.run(name, q, wq, sa, sw, torch.bfloat16, cfg, counters)
     for _ in range(50):
-        again = providers.run("triton_splitk", q, wq, sa, sw, torch.bfloat16, "bn64-sk8-w4-s4-f1",
-                              counters)
+        again = providers.run(name, q, wq, sa, sw, torch.bfloat16, cfg, counters)
         assert torch.equal(first, again)
     torch.cuda.synchronize()
     assert int(counters.abs().sum()) == 0
@@ -94,7 +99,7 @@ def test_route_op_compiles_once_and_branches_on_m_at_run_time():
     platform, arch = device_platform("cuda")
     route = list(dispatch.plan(platform, arch, n, k, sms=sm_count("cuda")))
     _, wq, _, sw = _operands(1, n, k)
-    counters = torch.zeros(n // 32, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(n // 16, dtype=torch.int32, device="cuda")
 
     def linear(q, sa):
         return torch.ops.radiance_gemm.block_fp8_mm(q, wq, sa, sw, counters, route, torch.bfloat16)

@@ -49,6 +49,10 @@ GOOD = textwrap.dedent("""
     int radiance_all_reduce(const void*, const void*, void*, int64_t, int, void*) { return 0; }
     int radiance_ar_add_rms_quant(const void*, const void*, const void*, const void*, int, void*,
         float*, void*, int64_t, int64_t, float, int, int, int, int, void*) { return 0; }
+    int radiance_block_fp8_mm_supported(void) { return 0; }
+    int radiance_block_fp8_mm(const void*, int64_t, const float*, int64_t, int64_t, const void*,
+        int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t, int64_t, int64_t,
+        float*, int*, int, int, int, void*) { return 0; }
     }
 """)
 
@@ -195,7 +199,7 @@ def test_first_use_builds_and_loads(fake_gpu, tmp_path):
 def test_wrong_abi_version_is_unavailable(fake_gpu, tmp_path):
     fake_gpu(_write(tmp_path / "src", GOOD, abi=1))
     assert library.get() is None
-    assert "ABI version 1, expected 2" in library.why_not()
+    assert f"ABI version 1, expected {library.ABI_VERSION}" in library.why_not()
 
 
 BAD = "__global__ void broken( { }\n"

@@ -111,11 +111,17 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
     source = "default"
 
     forced = os.environ.get("RADIANCE_GEMM_PROVIDER", "").strip()
+    forced_below = 0  # a forced provider with an M limit serves M up to it; the route goes on above
     if forced:
         if forced not in PROVIDER_INDEX:
             raise ValueError(f"RADIANCE_GEMM_PROVIDER={forced!r} is not one of {sorted(PROVIDER_INDEX)}")
         if forced in usable:
-            entries, source = [(M_ANY, forced, "")], "RADIANCE_GEMM_PROVIDER"
+            m_max = PROVIDERS[PROVIDER_INDEX[forced]].m_max
+            if m_max >= M_ANY:
+                entries, source = [(M_ANY, forced, "")], "RADIANCE_GEMM_PROVIDER"
+            else:
+                forced_below = m_max
+                usable.discard("aiter_preshuffle")  # larger M must read the same plain weight
         else:
             registry.record(OP, dict(base, M="all"), None,
                             f"RADIANCE_GEMM_PROVIDER={forced} cannot serve: {reasons.get(forced)}")
@@ -144,6 +150,9 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
             bad = [name for _, name, _ in entries if name not in usable]
             raise RuntimeError(f"no usable block-FP8 provider for {base}: "
                                + "; ".join(f"{b}: {reasons.get(b)}" for b in bad))
+    if forced_below:
+        entries = [(forced_below, forced, "")] + [e for e in entries if e[0] > forced_below]
+        source = f"RADIANCE_GEMM_PROVIDER up to M={forced_below}; above: {source}"
 
     route: list[int] = []
     lo = 1

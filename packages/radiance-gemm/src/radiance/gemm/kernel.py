@@ -119,7 +119,7 @@ class RadianceBlockFp8LinearKernel(Fp8BlockScaledMMLinearKernel):
         layer.radiance_gemm_route = route
         layer.radiance_gemm_inline = platform == "cpu"
         layer.radiance_gemm_counters = torch.zeros(
-            -(-n // 32) if platform != "cpu" else 0, dtype=torch.int32, device=weight.device)
+            -(-n // 16) if platform != "cpu" else 0, dtype=torch.int32, device=weight.device)
         setattr(layer, INPUT_GROUP_ATTR, block[1])
         logger.debug("radiance-gemm N=%d K=%d: %s", n, k, dispatch.describe(route))
 

@@ -86,6 +86,24 @@ def _run_generic(a, b, sa, sb, out_dtype, params, counters):
                       bn, warps, stages)
 
 
+# ---- radiance's CUDA decode GEMM (radiance-kernels, csrc/block_fp8_mm.cu) ----------------------
+
+def _cuda_decode_available() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    from radiance.kernels.block_fp8_mm import unsupported_reason
+
+    return unsupported_reason("cuda")
+
+
+def _run_cuda_decode(a, b, sa, sb, out_dtype, params, counters):
+    from radiance.kernels.block_fp8_mm import block_fp8_mm
+
+    split, warps, rows, unroll = params[:4]
+    return block_fp8_mm(a, b, sa, sb, out_dtype, split, warps, unroll,
+                        counters if counters.numel() > 0 else None, rows)
+
+
 # ---- PyTorch block-wise scaled_mm --------------------------------------------------------------
 
 def _torch_available() -> str | None:
@@ -132,6 +150,9 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("triton_splitk", ("cuda", "rocm"), None, FP8, 1, 16, False, False,
              _triton_available, _run_splitk, "bn64-skauto-w4-s4-f2",
              "Triton split-K for decode sizes, weight read once"),
+    Provider("cuda_decode", ("cuda",), ("sm89", "sm9", "sm10", "sm12"), (torch.float8_e4m3fn,), 1,
+             16, False, True, _cuda_decode_available, _run_cuda_decode, "skauto-w4-r1-u2",
+             "radiance CUDA kernel: fp8 tensor-core MMA fed from 16-byte weight loads, split-K"),
     Provider("triton_generic", ("cuda", "rocm"), None, FP8, 1, M_ANY, False, False,
              _triton_available, _run_generic, "bmauto-bn128-w4-s3",
              "Triton tiled GEMM, per-group scaling"),
@@ -172,6 +193,10 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         sk = fields.get("sk", "auto")
         split = auto_split(n, k, bn, sms) if sk == "auto" else int(sk)
         return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)))
+    if name == "cuda_decode":
+        split, rows = fields.get("sk", "auto"), int(fields.get("r", 1))
+        return (cuda_decode_split(n // rows, k, sms) if split == "auto" else int(split),
+                int(fields.get("w", 4)), rows, int(fields.get("u", 2)), 0)
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),
@@ -181,7 +206,21 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
     return (0,) * PARAMS
 
 
+def cuda_decode_split(n: int, k: int, sms: int) -> int:
+    """K ranges per block column for the CUDA decode GEMM (``n``: rows / row warps, i.e. 16 times
+    the block columns): the largest power of two (at most 8) that keeps the grid within two
+    blocks per multiprocessor; small N gets the split, large N none (its column tiles already
+    fill the card)."""
+    tiles = max(1, n // 16)
+    split = 1
+    while split < 8 and tiles * (split * 2) <= 2 * sms and k // 128 >= split * 2:
+        split *= 2
+    return split
+
+
 def format_params(name: str, params: tuple[int, ...]) -> str:
+    if name == "cuda_decode":
+        return "sk{}-w{}-r{}-u{}".format(*params[:4])
     if name == "triton_splitk":
         return "bn{}-sk{}-w{}-s{}-f{}".format(*params[:5])
     if name == "triton_generic":

@@ -35,9 +35,9 @@ from radiance.kernels import registry
 
 logger = logging.getLogger("vllm.radiance.kernels")
 
-ABI_VERSION = 2  # 2: the peer all-reduce exports
+ABI_VERSION = 3  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM
 LIB_NAME = "libradiance_kernels.so"
-OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant")
+OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant", "block_fp8_mm")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 _SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp")
 _COMMON_FLAGS = ("-O3", "-std=c++17")
@@ -382,7 +382,15 @@ class KernelLibrary:
         self.ar_add_rms_quant = lib.radiance_ar_add_rms_quant
         self.ar_add_rms_quant.argtypes = [c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp,
                                           c_i64, c_i64, c_f, c_int, c_int, c_int, c_int, c_vp]
-        for fn in (self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
+        # The block-FP8 decode GEMM (block_fp8_mm.cu).
+        lib.radiance_block_fp8_mm_supported.argtypes = []
+        lib.radiance_block_fp8_mm_supported.restype = c_int
+        self.block_fp8_mm_supported = lib.radiance_block_fp8_mm_supported
+        self.block_fp8_mm = lib.radiance_block_fp8_mm
+        self.block_fp8_mm.argtypes = [c_vp, c_i64, c_vp, c_i64, c_i64, c_vp, c_i64, c_vp, c_i64,
+                                      c_i64, c_vp, c_i64, c_int, c_i64, c_i64, c_i64, c_vp, c_vp,
+                                      c_int, c_int, c_int, c_int, c_vp]
+        for fn in (self.block_fp8_mm, self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
                    self.peer_region_free, self.peer_set_create, self.peer_set_destroy,
                    self.peer_set_handshake, self.all_reduce, self.ar_add_rms_quant):
             fn.restype = c_int

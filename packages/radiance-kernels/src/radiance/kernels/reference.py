@@ -1,4 +1,5 @@
-"""The specification of the epilogue ops, and their CPU implementation.
+"""The specification of the kernels, and their CPU implementation: the epilogue ops (below) and
+the block-FP8 linear (at the end).
 
 Each op is vLLM's own native chain written out op for op: the same torch calls, in the same
 order, on the same dtypes, so every intermediate rounding is the one stock vLLM performs and a
@@ -213,3 +214,79 @@ def ar_add_rms_quant(
     """``add_rms_quant(all_reduce(partials), residual, ...)``: the fused all-reduce epilogue."""
     return add_rms_quant(all_reduce(partials), residual, weight, eps, gemma=gemma, group=group,
                          fp8_dtype=fp8_dtype)
+
+
+# --------------------------------------------------------------------------- block-FP8 linear
+# The specification of the block-FP8 GEMM (csrc/block_fp8_mm.cu, and every provider of
+# radiance-gemm). A block-FP8 checkpoint stores ``W`` as fp8 ``[N, K]`` with one fp32 scale per
+# ``bn x bk`` block (``[ceil(N/bn), ceil(K/bk)]``, 128x128 in practice); activations are quantized
+# per token and per group of ``bk`` columns (scale ``[M, ceil(K/bk)]``). The product is
+#
+#     out[m, n] = sum_k (q[m, k] * sa[m, k // bk]) * (w[n, k] * sw[n // bn, k // bk])
+#
+# computed in fp32 (float64 as the yardstick) and cast to the output dtype once. A per-token
+# activation scale ``[M]`` is the special case of equal group scales along a row; it is broadcast
+# as a stride-0 view (``group_scales``), never materialized.
+
+
+def group_scales(scale: torch.Tensor, m: int, groups: int) -> torch.Tensor:
+    """Activation scales in the ``[M, groups]`` layout every provider reads.
+
+    ``[M]`` or ``[M, 1]`` (per token) becomes a stride-0 ``expand`` view of the same storage;
+    ``[M, groups]`` is returned as is (any strides).
+    """
+    if scale.dtype != torch.float32:
+        raise TypeError(f"activation scale must be float32, got {scale.dtype}")
+    if scale.dim() == 1 and scale.shape[0] == m:
+        return scale.unsqueeze(1).expand(m, groups)
+    if scale.dim() == 2 and scale.shape[0] == m and scale.shape[1] == 1:
+        return scale.expand(m, groups)
+    if scale.dim() == 2 and scale.shape[0] == m and scale.shape[1] == groups:
+        return scale
+    raise ValueError(
+        f"activation scale must be [M]={m}, [M, 1] or [M, K/group]=[{m}, {groups}], "
+        f"got {list(scale.shape)}"
+    )
+
+
+def _expand_blocks(scale: torch.Tensor, rows: int, cols: int, bn: int, bk: int) -> torch.Tensor:
+    return scale.repeat_interleave(bn, dim=0)[:rows].repeat_interleave(bk, dim=1)[:, :cols]
+
+
+def dequantize_weight(
+    w: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int] = (128, 128),
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``W`` in ``dtype``: every ``bn x bk`` block times its scale."""
+    n, k = w.shape
+    bn, bk = block
+    if n % bn == 0 and k % bk == 0:
+        wb = w.to(dtype).view(n // bn, bn, k // bk, bk)
+        return (wb * w_scale.to(dtype)[:, None, :, None]).view(n, k)
+    return w.to(dtype) * _expand_blocks(w_scale.to(dtype), n, k, bn, bk)
+
+
+def dequantize_activation(
+    q: torch.Tensor, scale: torch.Tensor, group: int = 128, dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``A`` in ``dtype`` from fp8 ``q [M, K]`` and scales ``[M]`` / ``[M, ceil(K/group)]``."""
+    m, k = q.shape
+    groups = -(-k // group)
+    s = group_scales(scale, m, groups).to(dtype)
+    if k % group == 0:
+        return (q.to(dtype).view(m, groups, group) * s.unsqueeze(-1)).view(m, k)
+    return q.to(dtype) * s.repeat_interleave(group, dim=1)[:, :k]
+
+
+def block_fp8_mm(
+    q: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16, block: tuple[int, int] = (128, 128),
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``q @ w.T`` with both operands dequantized in ``compute_dtype``, cast once at the end.
+
+    fp32 is the CPU provider; float64 is the yardstick the tests and benchmarks measure with.
+    """
+    a = dequantize_activation(q, a_scale, block[1], compute_dtype)
+    b = dequantize_weight(w, w_scale, block, compute_dtype)
+    return (a @ b.t()).to(out_dtype)

@@ -26,8 +26,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("RADIANCE_STRICT", "0", "kernels",
          "1: a kernel build failure or a missing compiler raises instead of falling back"),
     Flag("RADIANCE_GEMM_PROVIDER", "(unset)", "gemm",
-         "force one block-FP8 GEMM provider for every M (e.g. triton_splitk); "
-         "an unknown name raises"),
+         "force one block-FP8 GEMM provider for every M it serves (e.g. triton_splitk for "
+         "M <= 16, the normal route above); an unknown name raises"),
     Flag("RADIANCE_GEMM_EXCLUDE", "(unset)", "gemm",
          "comma list of GEMM providers never to use"),
     Flag("RADIANCE_PRESHUFFLE", "0", "gemm",

@@ -15,31 +15,37 @@ static int g_min_split_vectors = 128;
 // PDL (see rad_launch): on for sm_90+ devices unless the benchmark switched it off.
 static int g_pdl_switch = 1;
 
-// Compute capability major and multiprocessor count of the current device, cached per device;
-// {0, 0} when unknown (HIP, or the runtime failed).
+// Compute capability and multiprocessor count of the current device, cached per device;
+// zeros when unknown (HIP, or the runtime failed).
 struct DeviceFacts {
-  int major, sms;
+  int major, minor, sms;
 };
 
 static DeviceFacts device_facts() {
 #ifdef RADIANCE_HIP
-  return {0, 0};
+  return {0, 0, 0};
 #else
   static DeviceFacts cache[64] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {0, 0};
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {0, 0, 0};
   if (cache[dev].major == 0) {
-    int major = 0, sms = 0;
+    int major = 0, minor = 0, sms = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return {0, 0};
-    cache[dev] = {major, sms};
+      return {0, 0, 0};
+    cache[dev] = {major, minor, sms};
   }
   return cache[dev];
 #endif
 }
 
 bool pdl_enabled() { return g_pdl_switch && device_facts().major >= 9; }
+
+int device_compute_capability() {
+  const DeviceFacts f = device_facts();
+  return f.major * 10 + f.minor;
+}
 
 static int round_up(int64_t a, int b) { return (int)((a + b - 1) / b * b); }
 
@@ -148,7 +154,7 @@ bool aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes
 
 }  // namespace radiance
 
-RAD_EXPORT int radiance_abi_version(void) { return 2; }
+RAD_EXPORT int radiance_abi_version(void) { return 3; }
 
 RAD_EXPORT const char* radiance_error_string(int code) {
   return rad_error_string_of(code);

@@ -235,6 +235,7 @@ RAD_DEVICE void rad_release_dependents() {
 
 namespace radiance {
 bool pdl_enabled();  // sm_90+ and not switched off (abi.cu)
+int device_compute_capability();  // 90 for sm_90; 0 on HIP or when unknown (abi.cu)
 }
 
 // `cluster` > 1 launches clusters of that many consecutive blocks (sm_90+; gridDim.x must be a

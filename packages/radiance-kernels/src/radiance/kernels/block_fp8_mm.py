@@ -1,0 +1,134 @@
+"""The decode-size block-FP8 GEMM (csrc/block_fp8_mm.cu): validate, launch.
+
+``block_fp8_mm(a, b, sa, sb)`` computes ``reference.block_fp8_mm`` (its specification) for
+``M <= 16`` on NVIDIA sm_89+ with fp8 tensor-core MMAs, reading the weight once. It is a building
+block for radiance-gemm's dispatch, which decides where it runs (``unsupported_reason`` says why it
+cannot); called where it cannot run, it raises rather than falling back, so a caller never
+mistakes the reference's speed for the kernel's.
+
+Launch parameters: ``warps`` per block (4 or 8), ``row_warps`` of them side by side along N (16
+rows each; the others split the block's K range), ``split`` K ranges per block column (> 1 puts
+more blocks on the GPU when N is small; their fp32 partials are summed by the last block to
+finish, in a fixed order, using ``counters``: int32 zeros, at least N/16, left zero) and
+``unroll`` (K groups a warp loads per chunk, 2 or 4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radiance.kernels import library
+from radiance.kernels.ops import DTYPE_CODE, check_code, stream_of
+
+OP = "block_fp8_mm"
+M_MAX = 16
+TILE_ROWS = 16
+GROUP = 128
+
+
+_reasons: dict[int, str | None] = {}
+
+
+def unsupported_reason(device) -> str | None:
+    """None when the kernel runs on ``device``, else why not (decided once per device)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _reasons:
+        _reasons[index] = _reason(index)
+    return _reasons[index]
+
+
+def _reason(index: int) -> str | None:
+    if torch.version.hip is not None:
+        return "NVIDIA only (fp8 mma.sync); ROCm has no build of it"
+    cc = torch.cuda.get_device_capability(index)
+    if cc < (8, 9):
+        return f"needs sm_89+ (fp8 tensor-core MMA), device is sm_{cc[0]}{cc[1]}"
+    lib = library.get(index)
+    if lib is None:
+        return library.why_not(index)
+    if not lib.block_fp8_mm_supported():
+        return "the library reports the device unsupported"
+    return None
+
+
+def check_args(a, b, sa, sb, out_dtype, split, warps, unroll, counters, row_warps=1) -> None:
+    """Every condition the kernel needs, as a TypeError/ValueError before anything launches."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name} must be a float8_e4m3fn tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"{name} must be 2-D with a contiguous last dim, got shape "
+                             f"{tuple(t.shape)} strides {t.stride()}")
+        if t.stride(0) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"{name} rows must start on 16-byte boundaries (row stride "
+                             f"{t.stride(0)}, address mod 16 = {t.data_ptr() % 16})")
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"K mismatch: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+    if not 1 <= m <= M_MAX:
+        raise ValueError(f"M={m} out of range: the decode GEMM serves 1 <= M <= {M_MAX}")
+    if n < TILE_ROWS or n % TILE_ROWS or k < GROUP or k % GROUP:
+        raise ValueError(f"N={n} must be a multiple of {TILE_ROWS} and K={k} of {GROUP}")
+    groups = k // GROUP
+    for name, t, shape in (("sa", sa, (m, groups)), ("sb", sb, (-(-n // GROUP), groups))):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise TypeError(f"{name} must be a float32 tensor")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+    if out_dtype not in DTYPE_CODE:
+        raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    if (split < 1 or warps not in (4, 8) or unroll not in (2, 4) or row_warps not in (1, 2, 4, 8)
+            or warps % row_warps or (n // TILE_ROWS) % row_warps):
+        raise ValueError(f"launch split={split} warps={warps} row_warps={row_warps} unroll={unroll}: "
+                         "needs split >= 1, warps 4 or 8, unroll 2 or 4, row_warps 1/2/4/8 dividing "
+                         f"warps and N/16={n // TILE_ROWS}")
+    tensors = [a, b, sa, sb] + ([counters] if counters is not None else [])
+    if len({t.device for t in tensors}) != 1 or a.device.type != "cuda":
+        raise ValueError("operands must all be on one CUDA device, got "
+                         f"{sorted({str(t.device) for t in tensors})}")
+    if counters is not None and (counters.dtype != torch.int32 or counters.numel() < n // TILE_ROWS
+                                 or not counters.is_contiguous()):
+        raise ValueError(f"counters must be contiguous int32 with at least N/16={n // TILE_ROWS} "
+                         "elements (zeros)")
+
+
+def splits_launched(k: int, split: int) -> int:
+    """The K ranges a requested ``split`` becomes (never an empty one)."""
+    groups = k // GROUP
+    per = -(-groups // max(1, min(split, groups)))
+    return -(-groups // per)
+
+
+def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
+                 out_dtype: torch.dtype = torch.bfloat16, split: int = 1, warps: int = 4,
+                 unroll: int = 2, counters: torch.Tensor | None = None,
+                 row_warps: int = 1) -> torch.Tensor:
+    """``a [M<=16, K] fp8 @ b [N, K] fp8`` with 1x128 / 128x128 scales -> ``[M, N] out_dtype``."""
+    check_args(a, b, sa, sb, out_dtype, split, warps, unroll, counters, row_warps)
+    why = unsupported_reason(a.device)
+    if why is not None:
+        raise RuntimeError(f"radiance {OP} cannot run here: {why}")
+    m, k = a.shape
+    n = b.shape[0]
+    splits = splits_launched(k, split)
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    partial = None
+    if splits > 1:
+        partial = torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
+        if counters is None:
+            counters = torch.zeros(n // TILE_ROWS, dtype=torch.int32, device=a.device)
+    lib = library.get(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    code = lib.block_fp8_mm(
+        a.data_ptr(), a.stride(0), sa.data_ptr(), sa.stride(0), sa.stride(1),
+        b.data_ptr(), b.stride(0), sb.data_ptr(), sb.stride(0), sb.stride(1),
+        c.data_ptr(), c.stride(0), DTYPE_CODE[out_dtype], m, n, k,
+        partial.data_ptr() if partial is not None else None,
+        counters.data_ptr() if splits > 1 else None, splits, warps, row_warps, unroll,
+        stream_of(a.device))
+    check_code(lib, code, OP)
+    return c

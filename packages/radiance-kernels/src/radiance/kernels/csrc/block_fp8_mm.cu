@@ -1,0 +1,354 @@
+// Block-FP8 GEMM for decode sizes (M <= 16), the weight streamed once at copy bandwidth.
+//
+//   c[m, n] = sum_g (sum_{k in g} a[m, k] * b[n, k]) * sa[m, g] * sb[n / 128, g]
+//
+// a: fp8 e4m3fn [M, K] (row stride lda), 1x128 activation scales sa [M, K/128] (any strides,
+// so the per-token stride-0 broadcast runs as is); b: fp8 e4m3fn [N, K] (row stride ldb), 128x128
+// weight scales sb [ceil(N/128), K/128]. Each 128-column group's integer-exact fp8 products are
+// summed in fp32 by the tensor cores, scaled by sa * sb and added to an fp32 total: the
+// reference's order of operations per group (reference.block_fp8_mm); only the summation order
+// inside and across groups differs.
+//
+// Why this shape of kernel. At M <= 16 the weight is the whole cost: N*K bytes read once, a few
+// flops per byte. CUDA-core fp32 math would need M FMAs per weight byte (16 at M = 16: more than
+// the SMs issue at 4.8 TB/s), so the products go through mma.sync m16n8k32 e4m3 (sm_89+) with the
+// operands swapped: the *weight* is the 16-row A operand and the tokens are the 8-column B
+// operand (two B tiles for M 9-16). Each thread then feeds the tensor core straight from its own
+// 16-byte global loads, with no shared-memory staging: the dot over K does not care in which
+// order K is visited as long as A and B agree, so a thread's 16 contiguous bytes are mapped onto
+// the fragment's K positions (see `mma_step`). A warp reads 16 weight rows x 128 bytes per
+// group, every 32-byte sector whole.
+//
+// Parallelism: a warp owns 16 weight rows (one mma tile, inside one 128-row scale block) and a
+// set of K groups. A block puts WN warps side by side along N and WK along K: side by side, the
+// warps read the same activation bytes at the same time, so L1 serves them once (at M = 16 the
+// activations are as many bytes per group as the weight, and L2 alone could not deliver both);
+// along K, a block of few rows still has enough loads in flight. `split` > 1 also spreads K over
+// blocks (small N); the last block of a column tile to finish sums their fp32 partials in a
+// fixed order. Each warp keeps the next chunk of
+// weight loads in flight while it computes the current one, and on sm_90 the first chunk is
+// issued before waiting for the previous kernel (PDL): the weight does not depend on it.
+#include "portability.h"
+
+namespace radiance {
+namespace {
+
+constexpr int kTileRows = 16;  // weight rows per block: the mma's M
+constexpr int kGroup = 128;    // K columns per scale group
+
+struct BlockFp8MmArgs {
+  const uint8_t* a;
+  const uint8_t* b;
+  const float* sa;
+  const float* sb;
+  void* c;
+  float* partial;  // [splits, M, N] fp32, split > 1 only
+  int* counters;   // [N / 16] zeros, left zero; split > 1 only
+  int64_t lda, ldb, ldc, sa_m, sa_g, sb_n, sb_g;
+  int M, N, groups, groups_per_split, out_dtype;
+};
+
+RAD_DEVICE uint4 load_stream(const uint8_t* p) {
+#ifdef RADIANCE_HIP
+  return *reinterpret_cast<const uint4*>(p);
+#else
+  return __ldcs(reinterpret_cast<const uint4*>(p));  // read once: do not keep it in L1/L2
+#endif
+}
+
+RAD_DEVICE uint4 load_shared_input(const uint8_t* p) {
+#ifdef RADIANCE_HIP
+  return *reinterpret_cast<const uint4*>(p);
+#else
+  return __ldg(reinterpret_cast<const uint4*>(p));  // read by every block: keep it cached
+#endif
+}
+
+RAD_DEVICE uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// d += A(16x32) * B(32x8), e4m3 in, fp32 accumulate. Native on sm_89; on sm_90, which has no
+// e4m3 mma.sync, ptxas widens the operands to fp16 and runs f16 MMAs. Widening by hand once per
+// operand (cvt.rn.f16x2.e4m3x2 + m16n8k16) was timed on the H200 too: 5-15% slower at M 9-16,
+// no faster below.
+RAD_DEVICE void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                         uint32_t b0, uint32_t b1) {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  // Never launched: radiance_block_fp8_mm refuses devices below sm_89 and HIP.
+  (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+#endif
+}
+
+// One 64-column half of a group. Thread (row r = lane/4, quad q = lane%4) holds 16 contiguous
+// bytes at column 16q of weight rows r and r+8 (wl, wh) and of token rows r (+8) (x). The
+// m16n8k32 fragments want, per thread, columns {4q..4q+3} and {16+4q..16+4q+3} of its rows; we
+// feed them bytes 0-3 / 4-7 (sub-step 0) and 8-11 / 12-15 (sub-step 1) instead. That relabels K
+// the same way in A and B, a bijection on the 64 columns, so the dot is unchanged.
+template <int TT>
+RAD_DEVICE void mma_step(float (&acc)[TT][4], const uint4& wl, const uint4& wh, const uint4 (&x)[TT]) {
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const uint32_t a0 = word(wl, 2 * s), a1 = word(wh, 2 * s);
+    const uint32_t a2 = word(wl, 2 * s + 1), a3 = word(wh, 2 * s + 1);
+#pragma unroll
+    for (int t = 0; t < TT; ++t) mma_e4m3(acc[t], a0, a1, a2, a3, word(x[t], 2 * s), word(x[t], 2 * s + 1));
+  }
+}
+
+RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
+  if (code == 0) {
+    reinterpret_cast<uint16_t*>(c)[idx] = (uint16_t)rad_f32_to_bf16(v);
+  } else if (code == 1) {
+    reinterpret_cast<uint16_t*>(c)[idx] = (uint16_t)rad_f32_to_f16(v);
+  } else {
+    reinterpret_cast<float*>(c)[idx] = v;
+  }
+}
+
+// TT: 8-token tiles (1: M <= 8, 2: M <= 16). A block is WN x WK warps: WN warps side by side
+// along N (16 rows each, the same K range, so they read the same activation bytes, which L1
+// serves once) and WK warps along K (their sums added through shared memory). U: groups per
+// chunk a warp loads at once.
+template <int TT, int WN, int WK, int U>
+__global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockFp8MmArgs p) {
+  constexpr int kThreads = WN * WK * 32;
+  constexpr int kBlockRows = WN * kTileRows;
+  __shared__ float red[WK > 1 ? WK : 1][WN][TT * 4][32];
+  __shared__ int last_block;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wn = warp % WN, wk = warp / WN;
+  const int r = lane >> 2, q = lane & 3;
+  const int n_block = blockIdx.x * kBlockRows;
+  const int n0 = n_block + wn * kTileRows;
+  const int g_begin = blockIdx.y * p.groups_per_split;
+  const int g_end = min(p.groups, g_begin + p.groups_per_split);
+  const uint8_t* w_lo = p.b + (int64_t)(n0 + r) * p.ldb + q * 16;
+  const uint8_t* w_hi = w_lo + 8 * p.ldb;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  // Chunks of U groups, dealt to the WK warps of a row tile round-robin.
+  const int stride = WK * U;
+  int g0 = g_begin + wk * U;
+  uint4 wl[U][2], wh[U][2];
+  auto load_chunk = [&](int first, uint4 (&lo)[U][2], uint4 (&hi)[U][2]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool ok = first + u < g_end;
+      const int64_t off = (int64_t)(first + u) * kGroup;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        lo[u][h] = ok ? load_stream(w_lo + off + 64 * h) : zero;
+        hi[u][h] = ok ? load_stream(w_hi + off + 64 * h) : zero;
+      }
+    }
+  };
+  if (g0 < g_end) load_chunk(g0, wl, wh);
+  rad_wait_prior_grids();  // activations and scales may come from the previous kernel
+
+  const uint8_t* x_row[TT];
+  bool x_on[TT];
+  const float* sa_row[TT][2];
+  bool s_on[TT][2];
+#pragma unroll
+  for (int t = 0; t < TT; ++t) {
+    x_on[t] = r + 8 * t < p.M;
+    x_row[t] = p.a + (int64_t)(x_on[t] ? r + 8 * t : 0) * p.lda + q * 16;
+    // Output columns of this thread's accumulators: tokens 2q and 2q+1 of each tile.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int token = 8 * t + 2 * q + j;
+      s_on[t][j] = token < p.M;
+      sa_row[t][j] = p.sa + (int64_t)(s_on[t][j] ? token : 0) * p.sa_m;
+    }
+  }
+  const float* sb_row = p.sb + (int64_t)(n0 / kGroup) * p.sb_n;
+
+  float total[TT][4];
+#pragma unroll
+  for (int t = 0; t < TT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) total[t][i] = 0.f;
+
+  for (; g0 < g_end; g0 += stride) {
+    uint4 nl[U][2], nh[U][2];
+    if (g0 + stride < g_end) load_chunk(g0 + stride, nl, nh);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int g = g0 + u;
+      if (g >= g_end) break;  // warp-uniform
+      const int64_t off = (int64_t)g * kGroup;
+      uint4 x0[TT], x1[TT];
+      float sa[TT][2];
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        x0[t] = x_on[t] ? load_shared_input(x_row[t] + off) : zero;
+        x1[t] = x_on[t] ? load_shared_input(x_row[t] + off + 64) : zero;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) sa[t][j] = s_on[t][j] ? sa_row[t][j][(int64_t)g * p.sa_g] : 0.f;
+      }
+      const float sw = sb_row[(int64_t)g * p.sb_g];
+      float acc[TT][4];
+#pragma unroll
+      for (int t = 0; t < TT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+      mma_step<TT>(acc, wl[u][0], wh[u][0], x0);
+      mma_step<TT>(acc, wl[u][1], wh[u][1], x1);
+      // C fragment: acc[0], acc[1] are (row r, tokens 2q, 2q+1); acc[2], acc[3] row r + 8.
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        total[t][0] += acc[t][0] * sa[t][0] * sw;
+        total[t][1] += acc[t][1] * sa[t][1] * sw;
+        total[t][2] += acc[t][2] * sa[t][0] * sw;
+        total[t][3] += acc[t][3] * sa[t][1] * sw;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wl[u][h] = nl[u][h], wh[u][h] = nh[u][h];
+  }
+  rad_release_dependents();
+
+  // Sum the K-side warps (fixed order: wk = 0 first) and write the block's rows.
+  const bool split = gridDim.y > 1;
+  auto emit = [&](int row, int token, float v) {
+    if (split) {
+      p.partial[((int64_t)blockIdx.y * p.M + token) * p.N + n_block + row] = v;
+    } else {
+      store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, v);
+    }
+  };
+  if (WK == 1) {
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token = 8 * t + 2 * q + (e & 1);
+        if (token < p.M) emit(wn * kTileRows + r + (e >= 2 ? 8 : 0), token, total[t][e]);
+      }
+  } else {
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[wk][wn][t * 4 + i][lane] = total[t][i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < WN * TT * 4 * 32; i += kThreads) {
+      const int tile = i / (TT * 128), slot = (i >> 5) % (TT * 4), ln = i & 31;
+      const int t = slot >> 2, e = slot & 3;
+      const int token = 8 * t + 2 * (ln & 3) + (e & 1);
+      if (token >= p.M) continue;
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < WK; ++w) v += red[w][tile][slot][ln];
+      emit(tile * kTileRows + (ln >> 2) + (e >= 2 ? 8 : 0), token, v);
+    }
+  }
+  if (!split) return;
+
+  // Split K: the last block of this column tile to arrive sums the partials, in split order, and
+  // resets the counter, so the counters are zero before and after every launch.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < kBlockRows * p.M; i += kThreads) {
+    const int token = i / kBlockRows, row = i % kBlockRows;
+    float s = 0.f;
+    for (int y = 0; y < (int)gridDim.y; ++y) {
+      const float* src = p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row;
+#ifdef RADIANCE_HIP
+      s += *reinterpret_cast<const volatile float*>(src);
+#else
+      s += __ldcg(src);  // L2: another block wrote it
+#endif
+    }
+    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+template <int TT, int WN, int WK>
+rad_error_t launch_unrolled(int unroll, dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
+  const dim3 block(WN * WK * 32);
+  if (unroll == 4) return rad_launch(block_fp8_mm_kernel<TT, WN, WK, 4>, grid, block, s, p);
+  return rad_launch(block_fp8_mm_kernel<TT, WN, WK, 2>, grid, block, s, p);
+}
+
+template <int TT>
+rad_error_t launch_shaped(int warps, int row_warps, int unroll, dim3 grid, rad_stream_t s,
+                          const BlockFp8MmArgs& p) {
+  switch (warps * 16 + row_warps) {
+    case 4 * 16 + 1: return launch_unrolled<TT, 1, 4>(unroll, grid, s, p);
+    case 4 * 16 + 2: return launch_unrolled<TT, 2, 2>(unroll, grid, s, p);
+    case 4 * 16 + 4: return launch_unrolled<TT, 4, 1>(unroll, grid, s, p);
+    case 8 * 16 + 1: return launch_unrolled<TT, 1, 8>(unroll, grid, s, p);
+    case 8 * 16 + 2: return launch_unrolled<TT, 2, 4>(unroll, grid, s, p);
+    case 8 * 16 + 4: return launch_unrolled<TT, 4, 2>(unroll, grid, s, p);
+    case 8 * 16 + 8: return launch_unrolled<TT, 8, 1>(unroll, grid, s, p);
+    default: return rad_error_invalid_value;
+  }
+}
+
+}  // namespace
+}  // namespace radiance
+
+// Returns 1 when this device runs radiance_block_fp8_mm (NVIDIA sm_89+: e4m3 mma.sync), else 0.
+RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
+#ifdef RADIANCE_HIP
+  return 0;
+#else
+  return radiance::device_compute_capability() >= 89 ? 1 : 0;
+#endif
+}
+
+// c [M, N] (row stride ldc; out_dtype 0 bf16, 1 fp16, 2 fp32) = block-FP8 a @ b^T, see the top.
+// split: K ranges per column tile (>= 1; > 1 needs `partial` [split, M, N] fp32 and `counters`
+// [N / (16 * row_warps)] int32 zeros); warps: 4 or 8 per block, row_warps of them side by side
+// along N (1, 2, 4 or 8, dividing warps and N / 16); unroll: 2 or 4 groups per load chunk.
+// Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
+RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa, int64_t sa_m,
+                                     int64_t sa_g, const void* b, int64_t ldb, const float* sb,
+                                     int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
+                                     int out_dtype, int64_t M, int64_t N, int64_t K, float* partial,
+                                     int* counters, int split, int warps, int row_warps, int unroll,
+                                     void* stream) {
+  using namespace radiance;
+  const int bad = (int)rad_error_invalid_value;
+  if (!radiance_block_fp8_mm_supported()) return bad;
+  if (M < 1 || M > 16 || N < kTileRows || N % kTileRows || K < kGroup || K % kGroup) return bad;
+  if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
+  if (!a || !b || !sa || !sb || !c || lda % 16 || ldb % 16 || lda < K || ldb < K || ldc < N) return bad;
+  if ((uintptr_t)a % 16 || (uintptr_t)b % 16) return bad;
+  if ((warps != 4 && warps != 8) || (unroll != 2 && unroll != 4)) return bad;
+  if (row_warps < 1 || warps % row_warps || (N / kTileRows) % row_warps) return bad;
+  const int groups = (int)(K / kGroup);
+  if (split < 1) return bad;
+  const int per_split = (groups + split - 1) / split;
+  const int splits = (groups + per_split - 1) / per_split;
+  if (splits > 1 && (!partial || !counters)) return bad;
+  BlockFp8MmArgs p;
+  p.a = static_cast<const uint8_t*>(a);
+  p.b = static_cast<const uint8_t*>(b);
+  p.sa = sa;
+  p.sb = sb;
+  p.c = c;
+  p.partial = partial;
+  p.counters = counters;
+  p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.sa_m = sa_m, p.sa_g = sa_g, p.sb_n = sb_n, p.sb_g = sb_g;
+  p.M = (int)M, p.N = (int)N, p.groups = groups, p.groups_per_split = per_split;
+  p.out_dtype = out_dtype;
+  const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);
+  rad_stream_t s = static_cast<rad_stream_t>(stream);
+  return (int)(M <= 8 ? launch_shaped<1>(warps, row_warps, unroll, grid, s, p)
+                      : launch_shaped<2>(warps, row_warps, unroll, grid, s, p));
+}
