@@ -65,8 +65,9 @@ SHAPES = {
 
 # Launch configs run side by side; the table picks among them.
 VARIANTS = {
-    "cuda_decode": ["skauto-w4-r1-u2", "skauto-w8-r1-u2", "sk1-w8-r1-u4", "skauto-w8-r2-u2",
-                    "sk1-w8-r4-u2", "sk1-w8-r8-u2", "skauto-w4-r4-u2"],
+    "cuda_decode": ["skauto-w4-r1-s4", "skauto-w4-r1-s5", "skauto-w4-r1-s3", "sk1-w4-r1-s5",
+                    "skauto-w8-r1-s2", "sk1-w8-r1-s2", "skauto-w8-r2-s2", "sk1-w8-r8-s2",
+                    "skauto-w4-r4-s4", "sk2-w4-r1-s5"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-skauto-w4-s4-f1",
                       "bn128-skauto-w4-s3-f1", "bn32-skauto-w2-s6-f1", "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bmauto-bn64-w4-s4", "bm128-bn128-w8-s3"],

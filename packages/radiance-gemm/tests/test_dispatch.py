@@ -154,17 +154,20 @@ def test_custom_op_fake_shape():
 @pytest.mark.parametrize("n,k,want", [(5120, 4096, 1), (2048, 4096, 2), (1024, 2048, 4),
                                       (512, 2048, 8), (2048, 256, 2), (51200, 5120, 1)])
 def test_cuda_decode_auto_split_fills_about_two_blocks_per_sm(n, k, want):
-    split, warps, rows, unroll, _ = providers.parse_config("cuda_decode", "skauto-w4-r1-u2", n, k, 132)
-    assert (split, warps, rows, unroll) == (want, 4, 1, 2)
+    split, warps, rows, stages, _ = providers.parse_config("cuda_decode", "skauto-w4-r1-s4", n, k, 132)
+    assert (split, warps, rows, stages) == (want, 4, 1, 4)
     assert (n // 16) * split <= 2 * 132 or split == 1
     assert split <= k // 128  # never an empty K range
 
 
 def test_cuda_decode_config_round_trips():
-    params = providers.parse_config("cuda_decode", "sk4-w8-r2-u4", 4096, 4096, 132)
-    assert params == (4, 8, 2, 4, 0)
-    assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-u4"
+    params = providers.parse_config("cuda_decode", "sk4-w8-r2-s2", 4096, 4096, 132)
+    assert params == (4, 8, 2, 2, 0)
+    assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-s2"
+    for bad in ("sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2"):
+        with pytest.raises(ValueError, match="bad cuda_decode config"):
+            providers.parse_config("cuda_decode", bad, 4096, 4096, 132)
     # auto split counts block columns: four row warps make a quarter of the columns
-    assert providers.parse_config("cuda_decode", "skauto-w4-r4-u2", 2048, 4096, 132)[0] == 8
+    assert providers.parse_config("cuda_decode", "skauto-w4-r4-s4", 2048, 4096, 132)[0] == 8
     assert providers.provider("cuda_decode").serves("cuda", "sm80", 4096, 4096, (128, 128),
                                                     torch.float8_e4m3fn).startswith("arch sm80")

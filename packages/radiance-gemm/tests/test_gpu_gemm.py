@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 SHAPES = [(1, 2048, 4096), (2, 1024, 2048), (5, 2000, 1536), (8, 4096, 2048), (16, 6144, 2048),
           (17, 1024, 512), (64, 2048, 2048), (300, 1536, 1024), (2048, 2048, 4096)]
 CONFIGS = {
-    "cuda_decode": ["skauto-w4-r1-u2", "sk1-w8-r1-u4", "sk4-w4-r4-u2", "sk1-w8-r8-u2", "sk2-w8-r2-u4"],
+    "cuda_decode": ["skauto-w4-r1-s4", "sk1-w8-r1-s2", "sk4-w4-r4-s5", "sk1-w8-r8-s2", "sk2-w4-r2-s3"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-sk4-w4-s4-f1",
                       "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bm128-bn128-w8-s3"],
@@ -61,7 +61,7 @@ def test_provider_matches_float64_reference(name, cfg, m, n, k):
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} off; max err {float(err.max()):.4g}"
 
 
-@pytest.mark.parametrize("name,cfg", [("cuda_decode", "sk2-w4-r2-u2"),
+@pytest.mark.parametrize("name,cfg", [("cuda_decode", "sk2-w4-r2-s4"),
                                       ("triton_splitk", "bn64-skauto-w4-s4-f1"),
                                       ("triton_generic", "bmauto-bn128-w4-s3"),
                                       ("torch_blockwise", "")])
@@ -79,7 +79,7 @@ def test_per_token_stride0_scales_equal_group_scales_bit_for_bit(name, cfg):
 
 
 @pytest.mark.parametrize("name,cfg", [("triton_splitk", "bn64-sk8-w4-s4-f1"),
-                                      ("cuda_decode", "sk8-w4-r1-u2"), ("cuda_decode", "sk4-w8-r4-u4")])
+                                      ("cuda_decode", "sk8-w4-r1-s4"), ("cuda_decode", "sk4-w8-r4-s2")])
 def test_splitk_fixup_leaves_counters_zero_and_is_deterministic(name, cfg):
     m, n, k = 12, 4096, 4096
     if _servable(name, m, n, k):

@@ -11,7 +11,7 @@ F8 = torch.float8_e4m3fn
 def _args(m=4, n=256, k=512, **over):
     args = {"a": torch.zeros(m, k, dtype=F8), "b": torch.zeros(n, k, dtype=F8),
             "sa": torch.ones(m, k // 128), "sb": torch.ones(-(-n // 128), k // 128),
-            "out_dtype": torch.bfloat16, "split": 1, "warps": 4, "unroll": 2, "counters": None}
+            "out_dtype": torch.bfloat16, "split": 1, "warps": 4, "stages": 4, "counters": None}
     args.update(over)
     return args
 
@@ -32,7 +32,8 @@ def _args(m=4, n=256, k=512, **over):
     ({"out_dtype": torch.float8_e4m3fn}, TypeError, "out_dtype"),
     ({"split": 0}, ValueError, "split"),
     ({"warps": 6}, ValueError, "warps"),
-    ({"unroll": 3}, ValueError, "unroll"),
+    ({"stages": 1}, ValueError, "stages"),
+    ({"warps": 8, "stages": 3}, ValueError, "stages"),
     ({"row_warps": 3}, ValueError, "row_warps"),
     ({"warps": 4, "row_warps": 8}, ValueError, "row_warps"),
     ({"b": torch.zeros(2064, 512, dtype=F8), "sb": torch.ones(17, 4), "row_warps": 2}, ValueError,

@@ -56,13 +56,13 @@ def test_every_m_matches_float64_reference(m):
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 8, 64])
-@pytest.mark.parametrize("warps,row_warps", [(4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (8, 8)])
-@pytest.mark.parametrize("unroll", [2, 4])
+@pytest.mark.parametrize("warps,row_warps,stages", [(4, 1, 2), (4, 1, 5), (4, 2, 3), (4, 4, 4),
+                                                    (8, 1, 2), (8, 2, 2), (8, 4, 2), (8, 8, 2)])
 @pytest.mark.parametrize("m", [1, 9])
-def test_launch_variants(split, warps, row_warps, unroll, m):
+def test_launch_variants(split, warps, row_warps, stages, m):
     # K = 1920: 15 groups, so no variant divides it evenly and the chunk tails are exercised.
-    a, sa, b, sb = _operands(m, 1024, 1920, seed=split * 10 + warps + unroll + row_warps)
-    out = block_fp8_mm(a, b, sa, sb, split=split, warps=warps, unroll=unroll, row_warps=row_warps)
+    a, sa, b, sb = _operands(m, 1024, 1920, seed=split * 10 + warps + stages + row_warps)
+    out = block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps)
     _check(out, a, sa, b, sb)
 
 

@@ -99,8 +99,8 @@ def _cuda_decode_available() -> str | None:
 def _run_cuda_decode(a, b, sa, sb, out_dtype, params, counters):
     from radiance.kernels.block_fp8_mm import block_fp8_mm
 
-    split, warps, rows, unroll = params[:4]
-    return block_fp8_mm(a, b, sa, sb, out_dtype, split, warps, unroll,
+    split, warps, rows, stages = params[:4]
+    return block_fp8_mm(a, b, sa, sb, out_dtype, split, warps, stages,
                         counters if counters.numel() > 0 else None, rows)
 
 
@@ -151,7 +151,7 @@ PROVIDERS: tuple[Provider, ...] = (
              _triton_available, _run_splitk, "bn64-skauto-w4-s4-f2",
              "Triton split-K for decode sizes, weight read once"),
     Provider("cuda_decode", ("cuda",), ("sm89", "sm9", "sm10", "sm12"), (torch.float8_e4m3fn,), 1,
-             16, False, True, _cuda_decode_available, _run_cuda_decode, "skauto-w4-r1-u2",
+             16, False, True, _cuda_decode_available, _run_cuda_decode, "skauto-w4-r1-s4",
              "radiance CUDA kernel: fp8 tensor-core MMA fed from 16-byte weight loads, split-K"),
     Provider("triton_generic", ("cuda", "rocm"), None, FP8, 1, M_ANY, False, False,
              _triton_available, _run_generic, "bmauto-bn128-w4-s3",
@@ -194,9 +194,15 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         split = auto_split(n, k, bn, sms) if sk == "auto" else int(sk)
         return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)))
     if name == "cuda_decode":
+        unknown = set(fields) - {"sk", "w", "r", "s"}
         split, rows = fields.get("sk", "auto"), int(fields.get("r", 1))
+        warps, stages = int(fields.get("w", 4)), int(fields.get("s", 4))
+        if unknown or warps not in (4, 8) or rows not in (1, 2, 4, 8) or warps % rows \
+                or not 2 <= stages <= 20 // warps or (split != "auto" and int(split) < 1):
+            raise ValueError(f"bad cuda_decode config {config!r}: sk<n|auto>-w<4|8>-r<1|2|4|8, "
+                             "dividing w>-s<2..5 with 4 warps, 2 with 8>")
         return (cuda_decode_split(n // rows, k, sms) if split == "auto" else int(split),
-                int(fields.get("w", 4)), rows, int(fields.get("u", 2)), 0)
+                warps, rows, stages, 0)
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),
@@ -220,7 +226,7 @@ def cuda_decode_split(n: int, k: int, sms: int) -> int:
 
 def format_params(name: str, params: tuple[int, ...]) -> str:
     if name == "cuda_decode":
-        return "sk{}-w{}-r{}-u{}".format(*params[:4])
+        return "sk{}-w{}-r{}-s{}".format(*params[:4])
     if name == "triton_splitk":
         return "bn{}-sk{}-w{}-s{}-f{}".format(*params[:5])
     if name == "triton_generic":

@@ -10,7 +10,8 @@ Launch parameters: ``warps`` per block (4 or 8), ``row_warps`` of them side by s
 rows each; the others split the block's K range), ``split`` K ranges per block column (> 1 puts
 more blocks on the GPU when N is small; their fp32 partials are summed by the last block to
 finish, in a fixed order, using ``counters``: int32 zeros, at least N/16, left zero) and
-``unroll`` (K groups a warp loads per chunk, 2 or 4).
+``stages`` (weight groups each warp keeps in flight through its shared-memory ring: 2-5 with 4
+warps, 2 with 8).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _reason(index: int) -> str | None:
     return None
 
 
-def check_args(a, b, sa, sb, out_dtype, split, warps, unroll, counters, row_warps=1) -> None:
+def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps=1) -> None:
     """Every condition the kernel needs, as a TypeError/ValueError before anything launches."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn:
@@ -82,10 +83,11 @@ def check_args(a, b, sa, sb, out_dtype, split, warps, unroll, counters, row_warp
             raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
     if out_dtype not in DTYPE_CODE:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    if (split < 1 or warps not in (4, 8) or unroll not in (2, 4) or row_warps not in (1, 2, 4, 8)
+    if (split < 1 or warps not in (4, 8) or stages < 2 or warps * stages > 20
+            or row_warps not in (1, 2, 4, 8)
             or warps % row_warps or (n // TILE_ROWS) % row_warps):
-        raise ValueError(f"launch split={split} warps={warps} row_warps={row_warps} unroll={unroll}: "
-                         "needs split >= 1, warps 4 or 8, unroll 2 or 4, row_warps 1/2/4/8 dividing "
+        raise ValueError(f"launch split={split} warps={warps} row_warps={row_warps} stages={stages}: "
+                         "needs split >= 1, warps 4 or 8, stages 2-5 (4 warps) or 2 (8), row_warps 1/2/4/8 dividing "
                          f"warps and N/16={n // TILE_ROWS}")
     tensors = [a, b, sa, sb] + ([counters] if counters is not None else [])
     if len({t.device for t in tensors}) != 1 or a.device.type != "cuda":
@@ -106,10 +108,10 @@ def splits_launched(k: int, split: int) -> int:
 
 def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                  out_dtype: torch.dtype = torch.bfloat16, split: int = 1, warps: int = 4,
-                 unroll: int = 2, counters: torch.Tensor | None = None,
+                 stages: int = 4, counters: torch.Tensor | None = None,
                  row_warps: int = 1) -> torch.Tensor:
     """``a [M<=16, K] fp8 @ b [N, K] fp8`` with 1x128 / 128x128 scales -> ``[M, N] out_dtype``."""
-    check_args(a, b, sa, sb, out_dtype, split, warps, unroll, counters, row_warps)
+    check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps)
     why = unsupported_reason(a.device)
     if why is not None:
         raise RuntimeError(f"radiance {OP} cannot run here: {why}")
@@ -128,7 +130,7 @@ def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.T
         b.data_ptr(), b.stride(0), sb.data_ptr(), sb.stride(0), sb.stride(1),
         c.data_ptr(), c.stride(0), DTYPE_CODE[out_dtype], m, n, k,
         partial.data_ptr() if partial is not None else None,
-        counters.data_ptr() if splits > 1 else None, splits, warps, row_warps, unroll,
+        counters.data_ptr() if splits > 1 else None, splits, warps, row_warps, stages,
         stream_of(a.device))
     check_code(lib, code, OP)
     return c

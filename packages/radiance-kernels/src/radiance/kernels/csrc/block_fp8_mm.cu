@@ -13,8 +13,8 @@
 // flops per byte. CUDA-core fp32 math would need M FMAs per weight byte (16 at M = 16: more than
 // the SMs issue at 4.8 TB/s), so the products go through mma.sync m16n8k32 e4m3 (sm_89+) with the
 // operands swapped: the *weight* is the 16-row A operand and the tokens are the 8-column B
-// operand (two B tiles for M 9-16). Each thread then feeds the tensor core straight from its own
-// 16-byte global loads, with no shared-memory staging: the dot over K does not care in which
+// operand (two B tiles for M 9-16). Each thread feeds the tensor core from its own 16-byte copies
+// of the weight, never shuffling them between threads: the dot over K does not care in which
 // order K is visited as long as A and B agree, so a thread's 16 contiguous bytes are mapped onto
 // the fragment's K positions (see `mma_step`). A warp reads 16 weight rows x 128 bytes per
 // group, every 32-byte sector whole.
@@ -23,11 +23,11 @@
 // set of K groups. A block puts WN warps side by side along N and WK along K: side by side, the
 // warps read the same activation bytes at the same time, so L1 serves them once (at M = 16 the
 // activations are as many bytes per group as the weight, and L2 alone could not deliver both);
-// along K, a block of few rows still has enough loads in flight. `split` > 1 also spreads K over
+// along K, a block of few rows still has enough copies in flight. `split` > 1 also spreads K over
 // blocks (small N); the last block of a column tile to finish sums their fp32 partials in a
-// fixed order. Each warp keeps the next chunk of
-// weight loads in flight while it computes the current one, and on sm_90 the first chunk is
-// issued before waiting for the previous kernel (PDL): the weight does not depend on it.
+// fixed order. Each warp keeps S groups of weight copies in flight (see the kernel), and on
+// sm_90 the first S - 1 are issued before waiting for the previous kernel (PDL): the weight does
+// not depend on it.
 #include "portability.h"
 
 namespace radiance {
@@ -48,11 +48,28 @@ struct BlockFp8MmArgs {
   int M, N, groups, groups_per_split, out_dtype;
 };
 
-RAD_DEVICE uint4 load_stream(const uint8_t* p) {
-#ifdef RADIANCE_HIP
-  return *reinterpret_cast<const uint4*>(p);
+// 16 bytes global -> shared without passing through registers (sm_80+ cp.async, L2 only: the
+// weight is read once). HIP: a plain copy (never launched there, see radiance_block_fp8_mm).
+RAD_DEVICE void copy_async16(uint4* dst, const uint8_t* src) {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
 #else
-  return __ldcs(reinterpret_cast<const uint4*>(p));  // read once: do not keep it in L1/L2
+  *dst = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+RAD_DEVICE void copy_async_commit() {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+RAD_DEVICE void copy_async_wait() {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -114,12 +131,20 @@ RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
 
 // TT: 8-token tiles (1: M <= 8, 2: M <= 16). A block is WN x WK warps: WN warps side by side
 // along N (16 rows each, the same K range, so they read the same activation bytes, which L1
-// serves once) and WK warps along K (their sums added through shared memory). U: groups per
-// chunk a warp loads at once.
-template <int TT, int WN, int WK, int U>
+// serves once) and WK warps along K (their sums added through shared memory). S: weight groups
+// each warp keeps in flight.
+//
+// The weight streams through a per-warp ring of S groups in shared memory (cp.async): each
+// thread copies its own 4 x 16 bytes of a group and later reads back exactly those, so the ring
+// needs no barrier, only the thread's own wait_group. Registers hold one group at a time, which
+// is what lets many warps (and so many bytes) be in flight per SM: with the weight staged in
+// registers instead, 120-170 registers a thread held the kernel to 12-25% occupancy and 20-40%
+// of DRAM bandwidth at mid sizes (Nsight Compute on the H200).
+template <int TT, int WN, int WK, int S>
 __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockFp8MmArgs p) {
   constexpr int kThreads = WN * WK * 32;
   constexpr int kBlockRows = WN * kTileRows;
+  __shared__ uint4 ring[WN * WK][S][4][32];
   __shared__ float red[WK > 1 ? WK : 1][WN][TT * 4][32];
   __shared__ int last_block;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -133,23 +158,23 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
   const uint8_t* w_hi = w_lo + 8 * p.ldb;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  // Chunks of U groups, dealt to the WK warps of a row tile round-robin.
-  const int stride = WK * U;
-  int g0 = g_begin + wk * U;
-  uint4 wl[U][2], wh[U][2];
-  auto load_chunk = [&](int first, uint4 (&lo)[U][2], uint4 (&hi)[U][2]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool ok = first + u < g_end;
-      const int64_t off = (int64_t)(first + u) * kGroup;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        lo[u][h] = ok ? load_stream(w_lo + off + 64 * h) : zero;
-        hi[u][h] = ok ? load_stream(w_hi + off + 64 * h) : zero;
-      }
+  // This warp's groups: first, first + WK, ... (count of them).
+  const int first = g_begin + wk;
+  const int count = first < g_end ? (g_end - first + WK - 1) / WK : 0;
+  uint4 (*slot)[4][32] = ring[warp];
+  auto issue = [&](int i) {  // group i into ring slot i % S; an empty commit past the end
+    if (i < count) {
+      const int64_t off = (int64_t)(first + i * WK) * kGroup;
+      uint4(&dst)[4][32] = slot[i % S];
+      copy_async16(&dst[0][lane], w_lo + off);
+      copy_async16(&dst[1][lane], w_lo + off + 64);
+      copy_async16(&dst[2][lane], w_hi + off);
+      copy_async16(&dst[3][lane], w_hi + off + 64);
     }
+    copy_async_commit();
   };
-  if (g0 < g_end) load_chunk(g0, wl, wh);
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(i);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
 
   const uint8_t* x_row[TT];
@@ -176,45 +201,41 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
 #pragma unroll
     for (int i = 0; i < 4; ++i) total[t][i] = 0.f;
 
-  for (; g0 < g_end; g0 += stride) {
-    uint4 nl[U][2], nh[U][2];
-    if (g0 + stride < g_end) load_chunk(g0 + stride, nl, nh);
+  for (int i = 0; i < count; ++i) {
+    const int g = first + i * WK;
+    const int64_t off = (int64_t)g * kGroup;
+    // Activations and scales first: their L2 latency overlaps the wait for the weight.
+    uint4 x0[TT], x1[TT];
+    float sa[TT][2];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int g = g0 + u;
-      if (g >= g_end) break;  // warp-uniform
-      const int64_t off = (int64_t)g * kGroup;
-      uint4 x0[TT], x1[TT];
-      float sa[TT][2];
+    for (int t = 0; t < TT; ++t) {
+      x0[t] = x_on[t] ? load_shared_input(x_row[t] + off) : zero;
+      x1[t] = x_on[t] ? load_shared_input(x_row[t] + off + 64) : zero;
 #pragma unroll
-      for (int t = 0; t < TT; ++t) {
-        x0[t] = x_on[t] ? load_shared_input(x_row[t] + off) : zero;
-        x1[t] = x_on[t] ? load_shared_input(x_row[t] + off + 64) : zero;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) sa[t][j] = s_on[t][j] ? sa_row[t][j][(int64_t)g * p.sa_g] : 0.f;
-      }
-      const float sw = sb_row[(int64_t)g * p.sb_g];
-      float acc[TT][4];
-#pragma unroll
-      for (int t = 0; t < TT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-      mma_step<TT>(acc, wl[u][0], wh[u][0], x0);
-      mma_step<TT>(acc, wl[u][1], wh[u][1], x1);
-      // C fragment: acc[0], acc[1] are (row r, tokens 2q, 2q+1); acc[2], acc[3] row r + 8.
-#pragma unroll
-      for (int t = 0; t < TT; ++t) {
-        total[t][0] += acc[t][0] * sa[t][0] * sw;
-        total[t][1] += acc[t][1] * sa[t][1] * sw;
-        total[t][2] += acc[t][2] * sa[t][0] * sw;
-        total[t][3] += acc[t][3] * sa[t][1] * sw;
-      }
+      for (int j = 0; j < 2; ++j) sa[t][j] = s_on[t][j] ? sa_row[t][j][(int64_t)g * p.sa_g] : 0.f;
     }
+    const float sw = sb_row[(int64_t)g * p.sb_g];
+    issue(i + S - 1);
+    copy_async_wait<S - 1>();  // group i has landed: at most the S - 1 newer ones are pending
+    const uint4(&src)[4][32] = slot[i % S];
+    const uint4 wl0 = src[0][lane], wl1 = src[1][lane], wh0 = src[2][lane], wh1 = src[3][lane];
+    float acc[TT][4];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int t = 0; t < TT; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) wl[u][h] = nl[u][h], wh[u][h] = nh[u][h];
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+    mma_step<TT>(acc, wl0, wh0, x0);
+    mma_step<TT>(acc, wl1, wh1, x1);
+    // C fragment: acc[0], acc[1] are (row r, tokens 2q, 2q+1); acc[2], acc[3] row r + 8.
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      total[t][0] += acc[t][0] * sa[t][0] * sw;
+      total[t][1] += acc[t][1] * sa[t][1] * sw;
+      total[t][2] += acc[t][2] * sa[t][0] * sw;
+      total[t][3] += acc[t][3] * sa[t][1] * sw;
+    }
   }
+  copy_async_wait<0>();  // no copy may outlive the block (the trailing groups are empty)
   rad_release_dependents();
 
   // Sum the K-side warps (fixed order: wk = 0 first) and write the block's rows.
@@ -277,24 +298,38 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
+template <int TT, int WN, int WK, int S>
+rad_error_t launch_ring(dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
+  // Static shared memory must stay within 48 KiB: the ring is warps x S x 2 KiB.
+  if constexpr (WN * WK * S * 2048 <= 40 * 1024) {
+    return rad_launch(block_fp8_mm_kernel<TT, WN, WK, S>, grid, dim3(WN * WK * 32), s, p);
+  } else {
+    return rad_error_invalid_value;
+  }
+}
+
 template <int TT, int WN, int WK>
-rad_error_t launch_unrolled(int unroll, dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
-  const dim3 block(WN * WK * 32);
-  if (unroll == 4) return rad_launch(block_fp8_mm_kernel<TT, WN, WK, 4>, grid, block, s, p);
-  return rad_launch(block_fp8_mm_kernel<TT, WN, WK, 2>, grid, block, s, p);
+rad_error_t launch_staged(int stages, dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
+  switch (stages) {
+    case 2: return launch_ring<TT, WN, WK, 2>(grid, s, p);
+    case 3: return launch_ring<TT, WN, WK, 3>(grid, s, p);
+    case 4: return launch_ring<TT, WN, WK, 4>(grid, s, p);
+    case 5: return launch_ring<TT, WN, WK, 5>(grid, s, p);
+    default: return rad_error_invalid_value;
+  }
 }
 
 template <int TT>
-rad_error_t launch_shaped(int warps, int row_warps, int unroll, dim3 grid, rad_stream_t s,
+rad_error_t launch_shaped(int warps, int row_warps, int stages, dim3 grid, rad_stream_t s,
                           const BlockFp8MmArgs& p) {
   switch (warps * 16 + row_warps) {
-    case 4 * 16 + 1: return launch_unrolled<TT, 1, 4>(unroll, grid, s, p);
-    case 4 * 16 + 2: return launch_unrolled<TT, 2, 2>(unroll, grid, s, p);
-    case 4 * 16 + 4: return launch_unrolled<TT, 4, 1>(unroll, grid, s, p);
-    case 8 * 16 + 1: return launch_unrolled<TT, 1, 8>(unroll, grid, s, p);
-    case 8 * 16 + 2: return launch_unrolled<TT, 2, 4>(unroll, grid, s, p);
-    case 8 * 16 + 4: return launch_unrolled<TT, 4, 2>(unroll, grid, s, p);
-    case 8 * 16 + 8: return launch_unrolled<TT, 8, 1>(unroll, grid, s, p);
+    case 4 * 16 + 1: return launch_staged<TT, 1, 4>(stages, grid, s, p);
+    case 4 * 16 + 2: return launch_staged<TT, 2, 2>(stages, grid, s, p);
+    case 4 * 16 + 4: return launch_staged<TT, 4, 1>(stages, grid, s, p);
+    case 8 * 16 + 1: return launch_staged<TT, 1, 8>(stages, grid, s, p);
+    case 8 * 16 + 2: return launch_staged<TT, 2, 4>(stages, grid, s, p);
+    case 8 * 16 + 4: return launch_staged<TT, 4, 2>(stages, grid, s, p);
+    case 8 * 16 + 8: return launch_staged<TT, 8, 1>(stages, grid, s, p);
     default: return rad_error_invalid_value;
   }
 }
@@ -314,13 +349,14 @@ RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 // c [M, N] (row stride ldc; out_dtype 0 bf16, 1 fp16, 2 fp32) = block-FP8 a @ b^T, see the top.
 // split: K ranges per column tile (>= 1; > 1 needs `partial` [split, M, N] fp32 and `counters`
 // [N / (16 * row_warps)] int32 zeros); warps: 4 or 8 per block, row_warps of them side by side
-// along N (1, 2, 4 or 8, dividing warps and N / 16); unroll: 2 or 4 groups per load chunk.
+// along N (1, 2, 4 or 8, dividing warps and N / 16); stages: weight groups in flight per warp
+// (2-5 with 4 warps, 2 with 8: the ring of warps x stages x 2 KiB stays within 40 KiB).
 // Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa, int64_t sa_m,
                                      int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                      int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
                                      int out_dtype, int64_t M, int64_t N, int64_t K, float* partial,
-                                     int* counters, int split, int warps, int row_warps, int unroll,
+                                     int* counters, int split, int warps, int row_warps, int stages,
                                      void* stream) {
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
@@ -329,7 +365,7 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
   if (!a || !b || !sa || !sb || !c || lda % 16 || ldb % 16 || lda < K || ldb < K || ldc < N) return bad;
   if ((uintptr_t)a % 16 || (uintptr_t)b % 16) return bad;
-  if ((warps != 4 && warps != 8) || (unroll != 2 && unroll != 4)) return bad;
+  if ((warps != 4 && warps != 8) || stages < 2 || warps * stages > 20) return bad;  // ring <= 40 KiB
   if (row_warps < 1 || warps % row_warps || (N / kTileRows) % row_warps) return bad;
   const int groups = (int)(K / kGroup);
   if (split < 1) return bad;
@@ -349,6 +385,6 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   p.out_dtype = out_dtype;
   const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
-  return (int)(M <= 8 ? launch_shaped<1>(warps, row_warps, unroll, grid, s, p)
-                      : launch_shaped<2>(warps, row_warps, unroll, grid, s, p));
+  return (int)(M <= 8 ? launch_shaped<1>(warps, row_warps, stages, grid, s, p)
+                      : launch_shaped<2>(warps, row_warps, stages, grid, s, p));
 }
