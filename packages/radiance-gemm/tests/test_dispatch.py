@@ -83,6 +83,46 @@ def test_measured_table_is_used_with_nearest_shape(monkeypatch):
     assert "table sm90" in rows[-1]["reason"]
 
 
+def test_table_rows_are_kept_per_provider_and_m_limited_ones_keep_their_bound(monkeypatch):
+    table = {"arch": "sm90", "shapes": {
+        "2048x4096": [[8, "cuda_decode", "skauto-w4-r1-s4"], [16, "triton_splitk", ""],
+                      [2048, "torch_blockwise", ""]],
+        "4096x4096": [[1, "triton_splitk", ""], [4, "triton_splitk", "bn32-sk8-w4-s4-f1"]]}}
+    monkeypatch.setattr(dispatch, "load_table", lambda arch: table if arch == "sm90" else None)
+    # a row whose provider is unusable here is dropped; the measured rows around it stay
+    monkeypatch.setenv("RADIANCE_GEMM_EXCLUDE", "cuda_decode")
+    assert _names(dispatch.plan("cuda", "sm90", 2048, 4096, sms=132)) == [
+        (16, "triton_splitk"), (providers.M_ANY, "torch_blockwise")]
+    rows = [r for r in registry.selections() if r["query"].get("N") == 2048]
+    assert "without unusable cuda_decode" in rows[-1]["reason"]
+    # a table measured only at decode sizes never hands M > 16 to split-K (16-row blocks)
+    monkeypatch.delenv("RADIANCE_GEMM_EXCLUDE")
+    assert _names(dispatch.plan("cuda", "sm90", 4096, 4096, sms=132)) == [
+        (1, "triton_splitk"), (4, "triton_splitk"), (providers.M_ANY, "torch_blockwise")]
+
+
+def test_unknown_exclude_name_and_bad_configs_raise(monkeypatch):
+    monkeypatch.setenv("RADIANCE_GEMM_EXCLUDE", "torch-blockwise")
+    with pytest.raises(ValueError, match="unknown providers"):
+        dispatch.plan("cuda", "sm90", 2048, 4096, sms=132)
+    for name, bad in (("triton_splitk", "bn64-skauto-w4-u2-f1"), ("triton_splitk", "bn8"),
+                      ("triton_generic", "bm64-sk2"), ("torch_blockwise", "w4")):
+        with pytest.raises(ValueError, match=f"bad {name} config"):
+            providers.parse_config(name, bad, 4096, 4096, 132)
+    with pytest.raises(ValueError, match="unknown GEMM provider"):
+        providers.parse_config("no_such", "", 4096, 4096, 132)
+
+
+def test_torch_blockwise_is_not_routed_k_it_refuses(monkeypatch):
+    # scaled_mm's block-wise weight scales need K/128 a multiple of 4 (K = 256 refused on the H200)
+    monkeypatch.setattr(dispatch, "load_table", lambda arch: None)
+    assert _names(dispatch.plan("cuda", "sm90", 2048, 256, sms=132))[-1][1] == "triton_generic"
+    assert _names(dispatch.plan("cuda", "sm90", 2048, 512, sms=132))[-1][1] == "torch_blockwise"
+    why = providers.provider("torch_blockwise").serves("cuda", "sm90", 2048, 384, (128, 128),
+                                                       torch.float8_e4m3fn)
+    assert "K/128 = 3 is not a multiple of 4" in why
+
+
 def test_committed_tables_parse_and_name_known_providers():
     from importlib import resources
 
@@ -94,8 +134,8 @@ def test_committed_tables_parse_and_name_known_providers():
                 ms = [int(r[0]) for r in rows]
                 assert ms == sorted(ms)
                 for _, name, cfg in rows:
-                    providers.parse_config(name, cfg or providers.provider(name).default_config,
-                                           n, k, 132)
+                    provider = providers.provider(name)  # raises on an unknown name
+                    providers.parse_config(name, cfg or provider.default_config, n, k, 132)
 
 
 def test_preshuffle_only_when_enabled_and_then_for_every_m(monkeypatch):
@@ -171,3 +211,31 @@ def test_cuda_decode_config_round_trips():
     assert providers.parse_config("cuda_decode", "skauto-w4-r4-s4", 2048, 4096, 132)[0] == 8
     assert providers.provider("cuda_decode").serves("cuda", "sm80", 4096, 4096, (128, 128),
                                                     torch.float8_e4m3fn).startswith("arch sm80")
+
+
+def test_splitk_refuses_more_rows_than_its_block_before_launching():
+    pytest.importorskip("triton")
+    from radiance.gemm import triton_block_fp8
+
+    a = torch.ones(17, 128).to(torch.float8_e4m3fn)
+    b = torch.ones(64, 128).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="M <= 16"):
+        triton_block_fp8.splitk_mm(a, b, torch.ones(17, 1), torch.ones(1, 1), torch.bfloat16)
+
+
+def test_an_empty_batch_returns_an_empty_output_without_running_a_provider(monkeypatch):
+    import dataclasses
+
+    route = dispatch.plan("cpu", "cpu", 256, 512)
+
+    def must_not_run(*args):
+        raise AssertionError("a provider ran for M = 0")
+
+    idx = route[1]
+    patched = dataclasses.replace(providers.PROVIDERS[idx], run=must_not_run)
+    monkeypatch.setattr(dispatch, "PROVIDERS",
+                        providers.PROVIDERS[:idx] + (patched,) + providers.PROVIDERS[idx + 1:])
+    a = torch.empty(0, 512, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(256, 512, dtype=torch.float8_e4m3fn)
+    out = dispatch.run_route(route, a, b, torch.ones(0, 4), torch.ones(2, 4), torch.bfloat16, None)
+    assert out.shape == (0, 256) and out.dtype == torch.bfloat16

@@ -49,6 +49,8 @@ def diff_stats(out, ref) -> dict:
     diff = q_bits != rq_bits
     dist = code_distance(q, rq)
     # A NaN code (0x7F/0xFF, or 0x80 for fnuz) must match exactly; distance is meaningless there.
+    nan_code = (rq_bits == 0x80) if rq.dtype == torch.float8_e4m3fnuz else ((rq_bits & 0x7F) == 0x7F)
+    stats["nan_code_mismatches"] = int((diff & nan_code).sum())
     stats["diff_codes"] = int(diff.sum())
     stats["diff_rows"] = int(diff.any(dim=1).sum())
     stats["max_code_distance"] = int(dist.max()) if q.numel() else 0
@@ -110,6 +112,12 @@ def run_case(op: str, m: int, k: int, dtype, group: int, *, residual=True, gemma
         poison_allocator(sizes, poison)
         outs.append(fn_k(*args, **kw))
     torch.cuda.synchronize()
+    # The op falls back to the reference where no kernel serves; here the kernel must have run.
+    served = [lib for key, lib in ops._decisions.items()
+              if key[0] == op and key[2] == dtype and key[3] == k and key[4] == group]
+    assert served and None not in served, (
+        f"{op} M={m} K={k} group={group}: no kernel served the call (the reference ran): "
+        f"{ops.unavailable_reason()}")
     ref = fn_r(*args, **kw)
     a, b = outs
     unwritten = sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
@@ -168,5 +176,6 @@ def test_nonfinite_rows_match_reference_bits(op, group):
     stats = run_case(op, 8, 4096, torch.bfloat16, group, seed=7, inject_nonfinite=True)
     assert stats["unwritten_bytes"] == 0
     assert stats["scale_mismatches"] == 0, stats
+    assert stats["nan_code_mismatches"] == 0, stats
     assert stats["diff_codes"] == 0 or stats["max_code_distance"] <= 1, stats
     assert stats["residual_mismatches"] == 0, stats

@@ -138,6 +138,23 @@ def test_registry_reports_why_the_reference_runs_on_cpu():
         assert ops.unavailable_reason().startswith("no GPU")
 
 
+def test_gdn_head_dims_the_kernel_refuses_are_served_by_the_reference():
+    query = {"device": "cuda", "device_index": 0, "dtype": "bfloat16", "K": 3072, "group": 128,
+             "fp8": "float8_e4m3fn"}
+    for head_dim in (96, 4, 512):
+        why = ops._serves(dict(query, head_dim=head_dim))
+        assert why == f"head_dim={head_dim} (the kernel takes powers of two from 8 to 256)"
+    assert "head_dim" not in (ops._serves(dict(query, head_dim=128)) or "")
+
+
+def test_rows_not_16_byte_aligned_run_the_reference():
+    buf = _t(4, 4096 + 8)
+    assert ops._vector_aligned(buf[:, :4096], buf[:, 8:4104], None)
+    assert not ops._vector_aligned(buf[:, 1:4097])  # starts 2 bytes in
+    assert not ops._vector_aligned(_t(4, 4100)[:, :4096])  # rows 8200 bytes apart
+    assert not ops._vector_aligned(_t(4100)[2:])
+
+
 def test_decision_is_asked_once_per_shape_class():
     before = {(r["op"], repr(sorted(r["query"].items()))): r["count"] for r in registry.selections()}
     for seed in range(3):

@@ -6,7 +6,6 @@ reason, unless RADIANCE_REQUIRE_COMPILERS=1 (set by CI), where a missing compile
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,10 @@ REQUIRED = os.environ.get("RADIANCE_REQUIRE_COMPILERS") == "1"
 
 
 def _need(compiler: str) -> None:
-    if shutil.which(compiler) is None and not (compiler == "nvcc" and os.environ.get("CUDA_HOME")):
+    from radiance.kernels import library
+
+    found = library.find_nvcc() if compiler == "nvcc" else library.find_hipcc()
+    if found is None:
         if REQUIRED:
             pytest.fail(f"{compiler} not found and RADIANCE_REQUIRE_COMPILERS=1")
         pytest.skip(f"{compiler} not installed")

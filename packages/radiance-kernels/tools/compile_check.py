@@ -14,21 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-CSRC = Path(__file__).resolve().parents[1] / "src" / "radiance" / "kernels" / "csrc"
+SRC = Path(__file__).resolve().parents[1] / "src"
+CSRC = SRC / "radiance" / "kernels" / "csrc"
+sys.path.insert(0, str(SRC))  # this checkout's package, installed or not
 
-
-def _nvcc() -> str | None:
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var) and Path(os.environ[var], "bin", "nvcc").is_file():
-            return str(Path(os.environ[var], "bin", "nvcc"))
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+from radiance.kernels import library  # noqa: E402
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None) -> bool:
@@ -57,26 +52,26 @@ def main() -> int:
         return 1
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        nvcc = None if args.no_cuda else _nvcc()
+        # The library's own compiler search (CUDA_HOME, PATH, the pip [cuda] toolkit, ...).
+        nvcc = None if args.no_cuda else library.find_nvcc()
         if args.no_cuda:
             print("CUDA compile skipped")
         elif nvcc is None:
-            print("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+            print("nvcc not found (set CUDA_HOME, put nvcc on PATH or install radiance-kernels[cuda])")
             ok = False
         else:
-            arch = args.cuda_arch
             for src in sources:
-                ok &= _run([nvcc, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3",
-                            "-std=c++17", "-Xcompiler", "-fPIC", "-c", str(src),
+                ok &= _run([nvcc.path, *nvcc.arch_flags(args.cuda_arch), "-O3", "-std=c++17",
+                            "-Xcompiler", "-fPIC", *nvcc.flags, "-c", str(src),
                             "-o", str(Path(tmp, src.stem + ".cuda.o"))])
-        hipcc = None if args.no_hip else shutil.which("hipcc")
+        hipcc = None if args.no_hip else library.find_hipcc()
         if hipcc is None:
             print("hipcc not found: HIP compile skipped" if not args.no_hip else "HIP compile skipped")
         else:
             for src in sources:
-                ok &= _run([hipcc, "-x", "hip", f"--offload-arch={args.hip_arch}", "-O3",
-                            "-std=c++17", "-fPIC", "-c", str(src),
-                            "-o", str(Path(tmp, src.stem + ".hip.o"))], env={"HIP_PLATFORM": "amd"})
+                ok &= _run([hipcc.path, *hipcc.arch_flags(args.hip_arch), "-O3", "-std=c++17",
+                            "-fPIC", "-c", str(src), "-o", str(Path(tmp, src.stem + ".hip.o"))],
+                           env=dict(hipcc.env))
     print("compile check: " + ("OK" if ok else "FAILED"))
     return 0 if ok else 1
 

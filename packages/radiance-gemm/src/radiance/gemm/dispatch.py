@@ -83,8 +83,24 @@ def _default_plan(platform: str, arch: str, usable: set[str]) -> list[tuple[int,
     return plan
 
 
+def _above_measured(rows: list[tuple[int, str, str]],
+                    default: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """Extend measured rows to every M: the last row's provider takes all larger M when it can
+    serve any M; an M-limited one (split-K: 16 rows) keeps its bound, and the default plan's
+    large-M provider serves above it."""
+    last_m, name, cfg = rows[-1]
+    if PROVIDERS[PROVIDER_INDEX[name]].m_max >= M_ANY:
+        return rows[:-1] + [(M_ANY, name, cfg)]
+    bound = min(last_m, PROVIDERS[PROVIDER_INDEX[name]].m_max)
+    return rows[:-1] + [(bound, name, cfg), default[-1]]
+
+
 def _usable(platform, arch, n, k, block, dtype, reasons: dict[str, str]) -> set[str]:
     excluded = set(_env_list("RADIANCE_GEMM_EXCLUDE"))
+    unknown = sorted(excluded - set(PROVIDER_INDEX))
+    if unknown:
+        raise ValueError(f"RADIANCE_GEMM_EXCLUDE names unknown providers {unknown}; "
+                         f"known: {sorted(PROVIDER_INDEX)}")
     usable = set()
     for p in PROVIDERS:
         why = p.serves(platform, arch, n, k, block, dtype)
@@ -138,18 +154,22 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
         if table is not None:
             key = _nearest_shape(table["shapes"], n, k)
             rows = [(int(m), name, cfg) for m, name, cfg in table["shapes"][key]]
-            if all(name in usable for _, name, _ in rows):
-                rows[-1] = (M_ANY, rows[-1][1], rows[-1][2])
-                entries, source = rows, f"table {arch} (measured {key})"
+            # A row whose provider cannot run here is dropped: the next row up serves its M too.
+            kept = [row for row in rows if row[1] in usable]
+            missing = sorted({name for _, name, _ in rows if name not in usable})
+            if kept:
+                entries = _above_measured(kept, _default_plan(platform, arch, usable))
+                source = f"table {arch} (measured {key})"
+                if missing:
+                    source += f" without unusable {', '.join(missing)}"
             else:
-                missing = sorted({name for _, name, _ in rows if name not in usable})
                 source = f"default (table {arch} wants unusable {', '.join(missing)})"
     if entries is None:
         entries = _default_plan(platform, arch, usable)
-        if not all(name in usable for _, name, _ in entries):
-            bad = [name for _, name, _ in entries if name not in usable]
-            raise RuntimeError(f"no usable block-FP8 provider for {base}: "
-                               + "; ".join(f"{b}: {reasons.get(b)}" for b in bad))
+    if not all(name in usable for _, name, _ in entries):
+        bad = [name for _, name, _ in entries if name not in usable]
+        raise RuntimeError(f"no usable block-FP8 provider for {base}: "
+                           + "; ".join(f"{b}: {reasons.get(b)}" for b in bad))
     if forced_below:
         entries = [(forced_below, forced, "")] + [e for e in entries if e[0] > forced_below]
         source = f"RADIANCE_GEMM_PROVIDER up to M={forced_below}; above: {source}"
@@ -189,6 +209,8 @@ def describe(route: tuple[int, ...]) -> str:
 
 def run_route(route, a, b, sa, sb, out_dtype, counters):
     m = a.shape[0]
+    if m == 0:  # an empty batch: nothing to launch (the decode kernel refuses M = 0)
+        return a.new_empty((0, b.shape[0]), dtype=out_dtype)
     for i in range(0, len(route), ROUTE_WIDTH):
         if m <= route[i]:
             return PROVIDERS[route[i + 1]].run(a, b, sa, sb, out_dtype,

@@ -27,13 +27,11 @@ from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
 from vllm.model_executor.utils import replace_parameter
 from vllm.platforms import current_platform
 
-from radiance.gemm import dispatch, reference
+from radiance.gemm import INPUT_GROUP_ATTR, dispatch, reference
 from radiance.gemm.platform import device_platform, sm_count
 from radiance.gemm.providers import PROVIDERS
 
 logger = logging.getLogger("vllm.radiance.gemm")
-
-INPUT_GROUP_ATTR = "radiance_fp8_input_group"
 
 
 def _platform_name() -> str | None:

@@ -37,6 +37,7 @@ class Provider:
     run: Callable[..., torch.Tensor]
     default_config: str
     describe: str
+    shape_rule: Callable[[int, int], str | None] | None = None  # (N, K) -> why not, or None
 
     def serves(self, platform: str, arch: str, n: int, k: int, block: tuple[int, int],
                dtype: torch.dtype) -> str | None:
@@ -49,6 +50,8 @@ class Provider:
             return f"weight dtype {dtype} not served"
         if self.needs_128 and (tuple(block) != (128, 128) or n % 128 or k % 128):
             return f"needs 128x128 blocks and N, K multiples of 128 (N={n} K={k} block={list(block)})"
+        if self.shape_rule is not None and (why := self.shape_rule(n, k)) is not None:
+            return why
         return self.available()
 
 
@@ -112,6 +115,12 @@ def _torch_available() -> str | None:
     return torch_blockwise.available()
 
 
+def _torch_shape_rule(n: int, k: int) -> str | None:
+    from radiance.gemm import torch_blockwise
+
+    return torch_blockwise.unsupported_shape(n, k)
+
+
 def _run_torch(a, b, sa, sb, out_dtype, params, counters):
     from radiance.gemm.torch_blockwise import blockwise_mm
 
@@ -158,7 +167,8 @@ PROVIDERS: tuple[Provider, ...] = (
              "Triton tiled GEMM, per-group scaling"),
     Provider("torch_blockwise", ("cuda",), ("sm90",), (torch.float8_e4m3fn,), 1, M_ANY, False,
              True, _torch_available, _run_torch, "",
-             "torch.nn.functional.scaled_mm BlockWise1x128 x BlockWise128x128 (cuBLASLt)"),
+             "torch.nn.functional.scaled_mm BlockWise1x128 x BlockWise128x128 (cuBLASLt)",
+             _torch_shape_rule),
     Provider("aiter_small_m", ("rocm",), None, FP8, 1, 16, False, True, _aiter_plain_available,
              _run_aiter_plain, "", "AITER gemm_a8w8_blockscale (its own split-K config)"),
     Provider("aiter_preshuffle", ("rocm",), None, FP8, 1, M_ANY, True, True,
@@ -176,6 +186,14 @@ def provider(name: str) -> Provider:
         raise ValueError(f"unknown GEMM provider {name!r}; known: {', '.join(PROVIDER_INDEX)}") from None
 
 
+# The config fields each provider reads (see parse_config); the others take no config.
+CONFIG_FIELDS: dict[str, set[str]] = {
+    "triton_splitk": {"bn", "sk", "w", "s", "f"},
+    "cuda_decode": {"sk", "w", "r", "s"},
+    "triton_generic": {"bm", "bn", "w", "s"},
+}
+
+
 def parse_config(name: str, config: str, n: int, k: int, sms: int,
                  block: tuple[int, int] = (128, 128)) -> tuple[int, ...]:
     """A provider's config string ("bn64-sk8-w4-s4-f1") as PARAMS ints; "auto" fields are resolved
@@ -186,18 +204,23 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         if match is None:
             raise ValueError(f"bad {name} config field {part!r} in {config!r}")
         fields[match.group(1)] = match.group(2)
+    known = CONFIG_FIELDS.get(provider(name).name, set())
+    if set(fields) - known:
+        raise ValueError(f"bad {name} config {config!r}: fields {sorted(set(fields) - known)} "
+                         f"unknown; it takes {sorted(known) or 'none'}")
     if name == "triton_splitk":
         from radiance.gemm.triton_block_fp8 import auto_split
 
         bn = int(fields.get("bn", 64))
+        if bn < 16 or bn & (bn - 1):  # the in-kernel fixup's counters are sized N/16
+            raise ValueError(f"bad triton_splitk config {config!r}: bn must be a power of two >= 16")
         sk = fields.get("sk", "auto")
         split = auto_split(n, k, bn, sms) if sk == "auto" else int(sk)
         return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)))
     if name == "cuda_decode":
-        unknown = set(fields) - {"sk", "w", "r", "s"}
         split, rows = fields.get("sk", "auto"), int(fields.get("r", 1))
         warps, stages = int(fields.get("w", 4)), int(fields.get("s", 4))
-        if unknown or warps not in (4, 8) or rows not in (1, 2, 4, 8) or warps % rows \
+        if warps not in (4, 8) or rows not in (1, 2, 4, 8) or warps % rows \
                 or not 2 <= stages <= 20 // warps or (split != "auto" and int(split) < 1):
             raise ValueError(f"bad cuda_decode config {config!r}: sk<n|auto>-w<4|8>-r<1|2|4|8, "
                              "dividing w>-s<2..5 with 4 warps, 2 with 8>")

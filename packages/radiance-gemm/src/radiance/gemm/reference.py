@@ -12,14 +12,9 @@ from radiance.kernels.reference import (  # noqa: F401  (re-exported)
     block_fp8_mm,
     dequantize_activation,
     dequantize_weight,
+    fp8_max,
     group_scales,
 )
-
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-
-
-def fp8_max(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).max)
 
 
 def quantize_activation(

@@ -6,7 +6,9 @@ Layout rules of the op (``ScaledBlas.cpp``, ``is_blockwise_1x128_scaling`` /
 the ``[N, K]`` weight), ``scale_a [M, K/128]`` outer-dim-major, i.e. strides ``(1, M)``, and the
 weight scale ``[N/128, K/128]`` row-major, passed as its transpose (a view). cuBLASLt also wants M
 a multiple of 4 (vLLM pads for the same reason), so odd M is padded to the next multiple of 4 and
-the result sliced; at M = 1 the unpadded call is refused.
+the result sliced; at M = 1 the unpadded call is refused. The weight-scale check wants K/128
+rounded up to a multiple of 4 rows (H200 run, torch 2.11: K = 256 refused with "scale_b must have
+shape 4 x 16"), so such layers are not routed here; N is held to the same rule, untested otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ def available() -> str | None:
         return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
     if not hasattr(F.ScalingType, "BlockWise1x128"):
         return f"torch {torch.__version__} scaled_mm has no BlockWise1x128 recipe"
+    return None
+
+
+def unsupported_shape(n: int, k: int) -> str | None:
+    """Why scaled_mm's block-wise recipe refuses an [N, K] weight, or None."""
+    if (k // 128) % 4:
+        return f"K/128 = {k // 128} is not a multiple of 4, which scaled_mm's block-wise weight scales need"
+    if (n // 128) % 4:  # every N measured was a multiple of 512: nothing else is routed here
+        return f"N/128 = {n // 128} is not a multiple of 4 (not measured with scaled_mm's block-wise recipe)"
     return None
 
 

@@ -153,6 +153,8 @@ def splitk_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
     ``counters``: int32, at least ``cdiv(N, block_n)`` zeros (left zero); allocated if None."""
     m, k = a.shape
     n = b.shape[0]
+    if m > 16:
+        raise ValueError(f"split-K serves M <= 16 (one 16-row block), got M={m}")
     tiles_n, per_split, splits = splitk_geometry(n, k, block_n, split_k)
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     mode = 0 if splits == 1 else fixup

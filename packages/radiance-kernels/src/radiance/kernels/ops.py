@@ -101,7 +101,18 @@ def _serves(query) -> str | None:
     k = query["K"]
     if k % 8 or k > MAX_K or (query["group"] and k % query["group"]):
         return f"K={k} (needs a multiple of 8 and of the group, at most {MAX_K})"
+    head_dim = query.get("head_dim")
+    if head_dim is not None and not (8 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0):
+        return f"head_dim={head_dim} (the kernel takes powers of two from 8 to 256)"
     return library.why_not(query["device_index"])
+
+
+def _vector_aligned(*tensors) -> bool:
+    """The kernels move 16-byte vectors: every row must start 16-byte aligned. Shapes decide the
+    kernel once per class; this is the per-call part (a view may start anywhere), and a call
+    that fails it runs the reference instead of being refused by the kernel."""
+    return all(t is None or (t.data_ptr() % 16 == 0 and (t.dim() < 2 or t.stride(0) % 8 == 0))
+               for t in tensors)
 
 
 for _op in EPILOGUE_OPS:
@@ -178,7 +189,7 @@ def add_rms_quant(
     m, k = y.shape
 
     lib = _kernel("add_rms_quant", device, y.dtype, k, group, fp8_dtype)
-    if lib is None or m == 0:
+    if lib is None or m == 0 or not _vector_aligned(y, residual, weight):
         return reference.add_rms_quant(y, residual, weight, eps, gemma=gemma, group=group,
                                        fp8_dtype=fp8_dtype)
     q = torch.empty((m, k), dtype=fp8_dtype, device=device)
@@ -211,7 +222,7 @@ def silu_mul_quant(
     device = gu.device
 
     lib = _kernel("silu_mul_quant", device, gu.dtype, n, group, fp8_dtype)
-    if lib is None or m == 0:
+    if lib is None or m == 0 or not _vector_aligned(gu):
         return reference.silu_mul_quant(gu, group=group, fp8_dtype=fp8_dtype)
     q = torch.empty((m, n), dtype=fp8_dtype, device=device)
     scale = torch.empty((m, n // group) if group else (m,), dtype=torch.float32, device=device)
@@ -255,7 +266,7 @@ def gdn_norm_quant(
     device = _same_device(x=x, z=z, weight=weight)
 
     lib = _kernel("gdn_norm_quant", device, x.dtype, n, group, fp8_dtype, (("head_dim", head_dim),))
-    if lib is None or m == 0:
+    if lib is None or m == 0 or not _vector_aligned(x, z, weight):
         return reference.gdn_norm_quant(x, z, weight, eps, group=group, fp8_dtype=fp8_dtype)
     q = torch.empty((m, n), dtype=fp8_dtype, device=device)
     scale = torch.empty((m, n // group) if group else (m,), dtype=torch.float32, device=device)

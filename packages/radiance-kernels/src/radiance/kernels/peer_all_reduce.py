@@ -320,6 +320,8 @@ class PeerAllReduce:
         says the one-kernel path serves this call; None otherwise (the caller then reduces and
         runs the epilogue itself). The arguments are checked first either way."""
         device = kops.check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
+        if device != self.device:
+            raise ValueError(f"y is on {device}, the peer set on {self.device}")
         if self.fused_reason(y, residual, group) is not None:
             return None
         m, k = y.shape
