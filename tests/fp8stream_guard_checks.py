@@ -129,4 +129,34 @@ def run_guards(model: nn.Module, core: nn.Module, layers: list[nn.Module]) -> di
         finally:
             prev.mlp = dense_mlp
     res["indices"]["layer_for_mid"] = first_mid
+    res["cut_short"] = _cut_short(model, core, layers)
     return res
+
+
+def _cut_short(model: nn.Module, core: nn.Module, layers: list[nn.Module]) -> dict:
+    """A rewrite that raises part-way (here: building the first activation epilogue, after that
+    layer's row-parallel linears stopped reducing at tp=2) is undone whole by uninstall()."""
+    from radiance.fp8stream import forwards
+
+    rows = [(m, m.reduce_results) for m in core.modules() if hasattr(m, "reduce_results")]
+    touched: list[bool] = []
+
+    def fail(*args, **kwargs):
+        touched.append(any(m.reduce_results != stock for m, stock in rows))
+        raise RuntimeError("cut short")
+
+    raised = False
+    with _parallel(2, 1):
+        with _setattr(forwards, "SiluMulQuant", fail):
+            try:
+                rewrite.install(model)
+            except RuntimeError:
+                raised = True
+        undone = rewrite.uninstall(model)
+    return {
+        "raised": raised, "touched": any(touched), "undone": undone,
+        "reduce_restored": all(m.reduce_results == stock for m, stock in rows),
+        "forwards_restored": all("forward" not in layer.__dict__ for layer in layers),
+        "marks_cleared": not any(hasattr(layer, rewrite.MARK) for layer in layers),
+        "summary_cleared": not hasattr(model, "_radiance_fp8stream_summary"),
+    }

@@ -117,6 +117,15 @@ def test_installing_twice_is_harmless_and_uninstall_restores(checks):
     assert res["restored"]
 
 
+def test_a_rewrite_cut_short_is_undone_whole(checks):
+    _, res = checks
+    cut = res["guards"]["cut_short"]
+    # the failure came after the layer's linears had changed, and every change was put back
+    assert cut["raised"] and cut["touched"]
+    assert cut == dict(cut, undone=True, reduce_restored=True, forwards_restored=True,
+                       marks_cleared=True, summary_cleared=True)
+
+
 def _reasons(run):
     return [reason for _, _, reason in run["skips"]]
 

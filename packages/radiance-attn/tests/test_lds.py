@@ -59,7 +59,7 @@ def _dedupe_for_compile(shapes):
 
 
 def test_emitted_configs_fit_gfx1201_lds(kernel_module, hip_backend):
-    limit = lds.LDS_BYTES["gfx1201"]
+    limit = tables.lds_bytes("gfx1201")
     too_big = []
     for s in _dedupe_for_compile(emittable()):
         used = lds.shared_bytes(kernel_module, s, "gfx1201")
@@ -74,5 +74,5 @@ def test_the_clamp_rejects_a_config_that_overflows(kernel_module, hip_backend):
     s = lds.KernelShape(512, 16, 2, "bf16", "bf16", 128, 32, 8, 1, 16)
     with pytest.raises(Exception, match="(?i)shared|lds|resource|out of"):
         used = lds.shared_bytes(kernel_module, s, "gfx1201")
-        if used > lds.LDS_BYTES["gfx1201"]:
+        if used > tables.lds_bytes("gfx1201"):
             raise RuntimeError(f"out of LDS: {used} bytes")

@@ -143,12 +143,12 @@ def test_tables_are_per_arch(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(other))
     monkeypatch.setenv("RADIANCE_ATTN_TABLE", str(path))
-    tables._load_file.cache_clear()
+    tables.load_file.cache_clear()
     assert tables.for_arch("sm_90")["triton"]["default"]["split"]["max"] == 8
     # a table for sm_90 never moves a gfx1201 shape
     g = geo(num_tokens=9, max_seqlen_q=9)
     assert policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=10) == policy.aiter_decode_3d(
-        g, *STOCK_3D, num_2d_programs=10, table=tables._load_file(str(tables.table_file("gfx1201"))))
+        g, *STOCK_3D, num_2d_programs=10, table=tables.load_file(str(tables.table_file("gfx1201"))))
     assert tables.for_arch("gfx1201")["arch"] == "gfx1201"
     assert tables.for_arch("sm_80") is None
     assert policy.triton_launch(geo(arch="sm_80", q_dtype="bf16", kv_dtype="bf16")) is None

@@ -27,6 +27,37 @@ def test_disabled_by_flag(monkeypatch):
     assert vllm_patches.install() == (False, "disabled by RADIANCE_ATTN=0")
 
 
+def test_unusable_table_override_leaves_attention_stock_at_install(monkeypatch, tmp_path):
+    from radiance.attn import tables
+
+    monkeypatch.delenv("RADIANCE_ATTN", raising=False)
+    stock = triton_attn.unified_attention
+    missing = tmp_path / "missing.json"
+    monkeypatch.setenv(tables.ENV_TABLE, str(missing))
+    applied, detail = vllm_patches.install()
+    assert not applied and f"{tables.ENV_TABLE}={missing} cannot be used" in detail
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"arch": "sm_90", "triton": {"default": {"split": {"coef": 1}}}}')
+    monkeypatch.setenv(tables.ENV_TABLE, str(bad))
+    applied, detail = vllm_patches.install()
+    assert not applied and "split.coef/exp/min/max" in detail
+    assert triton_attn.unified_attention is stock
+
+
+def test_a_failing_adapter_is_reported_and_the_other_still_installs(monkeypatch):
+    monkeypatch.delenv("RADIANCE_ATTN", raising=False)
+
+    def broken():
+        raise RuntimeError("aiter module shaped unexpectedly")
+
+    monkeypatch.setattr(vllm_patches, "_install_aiter", broken)
+    monkeypatch.setattr(vllm_patches, "install_triton", lambda: (True, "launch installed"))
+    applied, detail = vllm_patches.install()
+    assert applied
+    assert detail == ("triton: launch installed; aiter: failed, left stock "
+                      "(RuntimeError: aiter module shaped unexpectedly)")
+
+
 @pytest.fixture
 def installed(kernel_module):
     stock = triton_attn.unified_attention

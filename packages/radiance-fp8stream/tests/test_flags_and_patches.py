@@ -56,3 +56,13 @@ def test_demo_reads_the_summary_from_a_selection_log():
     assert summary_from(rows[:1]) is None
     lines = compare_lines(["a", "b"], ["a", "c"], line)
     assert lines[0] == line and "identical" in lines[1] and "DIFFERENT" in lines[2]
+
+
+def test_without_a_compile_cache_key_hook_the_stream_stays_off(monkeypatch):
+    pytest.importorskip("vllm")
+    import vllm.envs as envs
+
+    monkeypatch.setenv(flags.STREAM, "1")
+    monkeypatch.delattr(envs, "compile_factors")
+    applied, detail = vllm_patches.install()
+    assert applied is False and "compile_factors is missing" in detail

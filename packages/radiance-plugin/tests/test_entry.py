@@ -67,13 +67,18 @@ def test_register_is_reentrant(monkeypatch):
     assert len(record.entries()) == 1
 
 
-def test_disable_flag_skips_with_reason(monkeypatch):
+def test_disable_flag_skips_with_reason(monkeypatch, caplog):
     monkeypatch.setattr(entry, "INSTALL_ORDER", ORDER[:1] + ORDER[2:3])
     monkeypatch.setenv("RADIANCE_DISABLE", " gamma, other ")
     calls.clear()
-    entry.register()
+    with caplog.at_level(logging.WARNING, logger="vllm.radiance.plugin"):
+        entry.register()
     assert calls == ["ok"]
     assert record.entries()[1] == record.Entry("gamma", "third", record.SKIPPED, "disabled by RADIANCE_DISABLE")
+    # a name that is no package (a typo) disables nothing, and says so
+    assert [r.getMessage() for r in caplog.records] == [
+        "RADIANCE_DISABLE names no radiance package: other (known: alpha, gamma); "
+        "those names disable nothing"]
 
 
 def test_record_lines_align():
@@ -100,3 +105,14 @@ def test_real_install_order_names_importable_modules():
     for _, _, target in entry.INSTALL_ORDER:
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func))
+
+
+def test_flag_table_defaults_are_the_packages_own():
+    from radiance.attn import vllm_patches as attn_patches
+    from radiance.fp8stream import flags as stream_flags
+    from radiance.plugin.flags import FLAGS
+
+    table = {flag.name: flag.default for flag in FLAGS}
+    for name, default in stream_flags.DEFAULTS.items():
+        assert table[name] == default, name
+    assert table["RADIANCE_ATTN_SCRATCH_MIB"] == str(attn_patches.DEFAULT_SCRATCH_MIB)

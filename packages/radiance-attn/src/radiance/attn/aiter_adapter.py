@@ -162,7 +162,6 @@ def patch_selector_module(mod, arch: str, table: dict) -> bool:
     mod.select_2d_config = select_2d_config
     mod.kernel_unified_attention_3d = _Wide3D()
     mod._radiance_attn_wrapped = True
-    mod._radiance_attn_stock = (o3, o2, k3)
     return True
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radiance.attn.policy import next_pow2
+
 _TRITON_DTYPE = {"bf16": "*bf16", "fp16": "*fp16", "fp8": "*fp8e4nv", "fp32": "*fp32"}
 # ROCm gfx12 uses the OCP e4m3 encoding too (fp8e4nv in Triton's naming).
-
-LDS_BYTES = {"gfx1201": 64 * 1024, "gfx1200": 64 * 1024, "sm_90": 227 * 1024, "sm_80": 163 * 1024}
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,6 @@ class KernelShape:
     block_size: int = 16
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << (max(1, x) - 1).bit_length()
-
-
 def compile_kernel(module, shape: KernelShape, target):
     """Compile ``module.kernel_unified_attention`` for ``target`` (a triton GPUTarget)."""
     import triton
@@ -53,7 +49,7 @@ def compile_kernel(module, shape: KernelShape, target):
         "BLOCK_SIZE": shape.block_size,
         "TILE_SIZE": shape.tile_size,
         "HEAD_SIZE": shape.head_size,
-        "HEAD_SIZE_PADDED": _next_pow2(shape.head_size),
+        "HEAD_SIZE_PADDED": next_pow2(shape.head_size),
         "USE_ALIBI_SLOPES": False,
         "USE_ALIBI_SQRT": False,
         "USE_QQ_BIAS": False,

@@ -34,7 +34,7 @@ width 1-9, CUDA-graph replays):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from radiance.attn import tables as _tables
@@ -355,7 +355,3 @@ def aiter_prefill_2d(geo: Geometry, cfg: Mapping[str, Any], table: Mapping[str, 
         out["BLOCK_M"] = int(out["BLOCK_M"]) // 2
         out["BLOCK_Q"] = max(1, out["BLOCK_M"] // geo.q_per_kv)
     return out
-
-
-def with_arch(geo: Geometry, arch: str) -> Geometry:
-    return replace(geo, arch=arch)

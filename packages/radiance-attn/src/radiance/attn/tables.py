@@ -73,7 +73,7 @@ def validate(table: Mapping[str, Any]) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_file(path: str) -> dict:
+def load_file(path: str) -> dict:
     with open(path) as f:
         table = json.load(f)
     validate(table)
@@ -84,27 +84,15 @@ def for_arch(arch: str) -> dict | None:
     """The table serving ``arch``, or None (the policy then leaves everything stock)."""
     env = os.environ.get(ENV_TABLE)
     if env:
-        table = _load_file(env)
+        table = load_file(env)
         if table["arch"] == arch:
             return table
     path = table_file(arch)
     if path.is_file():
-        return _load_file(str(path))
+        return load_file(str(path))
     if arch == "sm_90":
         return SM90_PROVISIONAL
     return None
-
-
-def source(arch: str) -> str:
-    """Where the table for ``arch`` comes from, for the report line."""
-    env = os.environ.get(ENV_TABLE)
-    if env and _load_file(env)["arch"] == arch:
-        return f"{ENV_TABLE}={env}"
-    if table_file(arch).is_file():
-        return f"tables/{table_file(arch).name}"
-    if arch == "sm_90":
-        return "provisional sm_90 rule (no fitted table)"
-    return "none"
 
 
 def _matches(match: Mapping[str, Any], geo) -> bool:

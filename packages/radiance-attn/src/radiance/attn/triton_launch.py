@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 from radiance.attn import policy, tables
 
@@ -360,10 +360,4 @@ def _usable_scratch(t, device) -> bool:
     import torch
 
     return t.dtype == torch.float32 and t.device == device and t.is_contiguous()
-
-
-def scratch_elements(num_tokens: int, num_query_heads: int, head_size: int, segments: int) -> tuple[int, int]:
-    """(segm_output elements, segm_max/expsum elements) a split launch of this shape needs."""
-    units = num_tokens * num_query_heads * segments
-    return units * policy.next_pow2(head_size), units
 

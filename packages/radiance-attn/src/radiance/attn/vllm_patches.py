@@ -1,4 +1,5 @@
-"""Every runtime patch radiance-attn applies (vLLM's Triton backend, and AITER's kernels).
+"""Every runtime patch radiance-attn applies to vLLM (its Triton backend, below), and the entry
+to the AITER adapter (``aiter_adapter.py``, which patches AITER's own modules and documents each).
 
 ``install()`` is the plugin's hook: no argument, returns ``(applied, detail)``, idempotent
 (vLLM calls plugins in every process, possibly twice). Each adapter is installed only when its
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 
 from radiance.attn import policy, tables
@@ -38,6 +38,14 @@ def _flag(name: str, default: str = "1") -> bool:
 def install() -> tuple[bool, str]:
     if not _flag("RADIANCE_ATTN"):
         return False, "disabled by RADIANCE_ATTN=0"
+    override = os.environ.get(tables.ENV_TABLE)
+    if override:
+        # Read here, not at the first attention call: a table that cannot be used leaves the
+        # attention stock with the reason, instead of failing the serve mid-forward.
+        try:
+            tables.load_file(override)
+        except (OSError, ValueError) as exc:
+            return False, f"{tables.ENV_TABLE}={override} cannot be used ({exc}): attention left stock"
     with _lock:
         parts, applied = [], False
         for name, flag, fn in (("triton", "RADIANCE_ATTN_TRITON", install_triton),
@@ -45,7 +53,13 @@ def install() -> tuple[bool, str]:
             if not _flag(flag):
                 parts.append(f"{name}: disabled by {flag}=0")
                 continue
-            ok, detail = fn()
+            # Each adapter stands alone: one that fails is reported while the other stays on.
+            try:
+                ok, detail = fn()
+            except Exception as exc:  # noqa: BLE001 - reported in the hook's detail, never hidden
+                logger.warning("radiance-attn %s adapter failed, left stock: %s: %s",
+                               name, type(exc).__name__, exc)
+                ok, detail = False, f"failed, left stock ({type(exc).__name__}: {exc})"
             applied |= ok
             parts.append(f"{name}: {detail}")
         return applied, "; ".join(parts)
@@ -188,10 +202,6 @@ def _enlarge_scratch(builder, vllm_config) -> None:
     builder.softmax_segm_expsum = torch.empty((want, heads, segs), **kw)
     logger.info("radiance-attn: split-KV scratch %d -> %d rows (%.1f MiB)", rows, want,
                 want * heads * segs * (head_padded + 2) * 4 / 2**20)
-
-
-def loaded_modules(suffix: str) -> list:
-    return [m for n, m in list(sys.modules.items()) if m is not None and n.endswith(suffix)]
 
 
 __all__ = ["install", "install_triton", "uninstall_triton", "scratch_rows", "policy"]

@@ -444,6 +444,8 @@ def _apply(layer: nn.Module, p: LayerPlan) -> None:
     if p.input is None and p.mid is None and p.act is None and p.gdn_norm is None and not p.partial_output:
         return
     setattr(layer, MARK, p)
+    # Filled as each stock value is replaced, so uninstall() can undo a layer cut short.
+    layer._radiance_fp8stream_saved = saved
     layer.forward = types.MethodType(forwards.FORWARDS[p.family], layer)
     if p.mid is not None:
         row = (layer.linear_attn.out_proj if p.family == "qwen3_next"
@@ -461,7 +463,6 @@ def _apply(layer: nn.Module, p: LayerPlan) -> None:
         la = layer.linear_attn
         setattr(la, MARK, p)
         la._output_projection = types.MethodType(forwards.gdn_output_projection, la)
-    layer._radiance_fp8stream_saved = saved
 
 
 def install(model: nn.Module, *, lowering: str = "auto", gdn_norm_quant: bool | None = None,
@@ -477,10 +478,11 @@ def install(model: nn.Module, *, lowering: str = "auto", gdn_norm_quant: bool | 
         return done
     summary = plan(model, lowering=lowering, gdn_norm_quant=gdn_norm_quant, taps=taps, lora=lora,
                    device=device)
+    # Recorded before the layers change: if one raises, uninstall() finds every layer touched.
+    model._radiance_fp8stream_summary = summary
     for layer, p in summary.plans:
         if p is not None:
             _apply(layer, p)
-    model._radiance_fp8stream_summary = summary
     for skip in summary.skips:
         logger.info("%s", skip.line())
     logger.info("%s", summary)

@@ -64,9 +64,12 @@ def _target_model_loaded(model, vllm_config, model_config) -> None:
 
 
 def _wrap_load_model(cls) -> bool:
+    """Whether ``cls.load_model`` is wrapped now (by this call or an earlier one)."""
     original = cls.__dict__.get("load_model")
-    if original is None or getattr(original, _PATCHED, False):
+    if original is None:
         return False
+    if getattr(original, _PATCHED, False):
+        return True
 
     @functools.wraps(original)
     def load_model(self, vllm_config, model_config, *args, **kwargs):
@@ -87,12 +90,16 @@ def _patch_loaders() -> int:
     return sum(_wrap_load_model(cls) for cls in dict.fromkeys(classes))
 
 
-def _patch_compile_factors() -> bool:
+def _patch_compile_factors() -> str | None:
+    """None once ``vllm.envs.compile_factors`` carries the stream's flags, else why it cannot."""
     import vllm.envs as envs
 
-    original = envs.compile_factors
+    original = getattr(envs, "compile_factors", None)
+    if not callable(original):
+        return "vllm.envs.compile_factors is missing, so the compile cache could not tell runs " \
+               "with the stream from runs without it"
     if getattr(original, _PATCHED, False):
-        return False
+        return None
 
     @functools.wraps(original)
     def compile_factors():
@@ -103,7 +110,7 @@ def _patch_compile_factors() -> bool:
 
     setattr(compile_factors, _PATCHED, True)
     envs.compile_factors = compile_factors
-    return True
+    return None
 
 
 def install() -> tuple[bool, str]:
@@ -112,8 +119,12 @@ def install() -> tuple[bool, str]:
     if not stream:
         return False, f"{flags.STREAM}=0: the fp8 residual stream is off"
     with _lock:
-        _patch_loaders()
-        _patch_compile_factors()
+        # The cache key first: a rewrite without it could load a graph traced with the stream off.
+        why = _patch_compile_factors()
+        if why is not None:
+            return False, why
+        if _patch_loaders() == 0:
+            return False, "no vLLM model loader defines load_model: nothing to rewrite after"
     gdn_note = "on" if gdn else "off"
     return True, (f"model rewrite after load (gdn norm epilogue {gdn_note}); "
                   "compile cache keyed on the stream's flags")

@@ -42,7 +42,13 @@ _registered = False
 
 def _disabled() -> set[str]:
     raw = os.environ.get("RADIANCE_DISABLE", "")
-    return {p.strip() for p in raw.split(",") if p.strip()}
+    names = {p.strip() for p in raw.split(",") if p.strip()}
+    unknown = sorted(names - {package for package, _, _ in INSTALL_ORDER})
+    if unknown:
+        logger.warning("RADIANCE_DISABLE names no radiance package: %s (known: %s); those names "
+                       "disable nothing", ", ".join(unknown),
+                       ", ".join(package for package, _, _ in INSTALL_ORDER))
+    return names
 
 
 def _process_name() -> str:

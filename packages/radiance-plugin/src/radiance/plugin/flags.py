@@ -29,7 +29,7 @@ FLAGS: tuple[Flag, ...] = (
          "force one block-FP8 GEMM provider for every M it serves (e.g. triton_splitk for "
          "M <= 16, the normal route above); an unknown name raises"),
     Flag("RADIANCE_GEMM_EXCLUDE", "(unset)", "gemm",
-         "comma list of GEMM providers never to use"),
+         "comma list of GEMM providers never to use; an unknown name raises"),
     Flag("RADIANCE_PRESHUFFLE", "0", "gemm",
          "1: on ROCm with a recent AITER, shuffle genuine 128x128-block weights at load and "
          "route them to AITER's preshuffle GEMM (not yet measured on AMD, so off)"),

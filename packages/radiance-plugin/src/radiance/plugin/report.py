@@ -6,6 +6,11 @@ init step: when it returns, the model is loaded, compiled and its graphs capture
 selection a serve will make has been made. That is when rank 0 prints the report, once per
 process. The queries that found no kernel are printed with their reason: they are the lines
 that explain why a model runs a fallback.
+
+This module holds the plugin package's one change to vLLM:
+  What:  wraps ``compile_or_warm_up_model`` on each worker class that defines its own.
+  Why:   vLLM gives plugins no hook after warm-up, the first moment the selections are complete.
+  Remove-when: vLLM offers plugins a post-warm-up (or engine-ready) callback.
 """
 
 from __future__ import annotations
