@@ -22,6 +22,7 @@ def _args(m=4, n=256, k=512, **over):
     ({"a": torch.zeros(4, 512, 1, dtype=F8)}, ValueError, "2-D"),
     ({"a": torch.zeros(512, 4, dtype=F8).t()}, ValueError, "contiguous last dim"),
     ({"b": torch.zeros(256, 384, dtype=F8)}, ValueError, "K mismatch"),
+    ({"b": torch.zeros(1, 512, dtype=F8).expand(256, 512)}, ValueError, "b row stride 0 < K=512"),
     ({"a": torch.zeros(17, 512, dtype=F8), "sa": torch.ones(17, 4)}, ValueError, "out of range"),
     ({"a": torch.zeros(0, 512, dtype=F8), "sa": torch.ones(0, 4)}, ValueError, "out of range"),
     ({"b": torch.zeros(200, 512, dtype=F8)}, ValueError, "multiple of 16"),

@@ -71,6 +71,9 @@ def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warp
     n = b.shape[0]
     if b.shape[1] != k:
         raise ValueError(f"K mismatch: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+    for name, t in (("a", a), ("b", b)):
+        if t.stride(0) < k:  # an expanded or overlapping view
+            raise ValueError(f"{name} row stride {t.stride(0)} < K={k}: rows must not overlap")
     if not 1 <= m <= M_MAX:
         raise ValueError(f"M={m} out of range: the decode GEMM serves 1 <= M <= {M_MAX}")
     if n < TILE_ROWS or n % TILE_ROWS or k < GROUP or k % GROUP:
