@@ -112,7 +112,9 @@ def run_case(op: str, m: int, k: int, dtype, group: int, *, residual=True, gemma
         poison_allocator(sizes, poison)
         outs.append(fn_k(*args, **kw))
     torch.cuda.synchronize()
-    # The op falls back to the reference where no kernel serves; here the kernel must have run.
+    # The op falls back to the reference where no kernel serves, or for rows not 16-byte
+    # aligned; here the kernel must have run.
+    assert ops._vector_aligned(*(t for t in args if isinstance(t, torch.Tensor)))
     served = [lib for key, lib in ops._decisions.items()
               if key[0] == op and key[2] == dtype and key[3] == k and key[4] == group]
     assert served and None not in served, (

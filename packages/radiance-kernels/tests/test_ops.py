@@ -147,12 +147,20 @@ def test_gdn_head_dims_the_kernel_refuses_are_served_by_the_reference():
     assert "head_dim" not in (ops._serves(dict(query, head_dim=128)) or "")
 
 
-def test_rows_not_16_byte_aligned_run_the_reference():
-    buf = _t(4, 4096 + 8)
-    assert ops._vector_aligned(buf[:, :4096], buf[:, 8:4104], None)
-    assert not ops._vector_aligned(buf[:, 1:4097])  # starts 2 bytes in
-    assert not ops._vector_aligned(_t(4, 4100)[:, :4096])  # rows 8200 bytes apart
-    assert not ops._vector_aligned(_t(4100)[2:])
+def test_rows_not_16_byte_aligned_run_the_reference(monkeypatch):
+    class Launches:  # stands for a served kernel: any launch is recorded and refused
+        def silu_mul_quant(self, *args):
+            raise RuntimeError("kernel launched")
+
+    monkeypatch.setattr(ops, "_kernel", lambda *args, **kwargs: Launches())
+    monkeypatch.setattr(ops, "stream_of", lambda device: 0)
+    buf = _t(4, 2 * 2048 + 16, seed=21)
+    for misaligned in (buf[:, 1:4097], _t(4, 4100, seed=22)[:, :4096]):  # 2 bytes in; 8200 B rows
+        got = ops.silu_mul_quant(misaligned, group=128)
+        want = reference.silu_mul_quant(misaligned, group=128)
+        assert all(_same(g, w) for g, w in zip(got, want))
+    with pytest.raises(RuntimeError, match="kernel launched"):  # an aligned view still launches
+        ops.silu_mul_quant(buf[:, 8:4104], group=128)
 
 
 def test_decision_is_asked_once_per_shape_class():

@@ -218,14 +218,15 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         split = auto_split(n, k, bn, sms) if sk == "auto" else int(sk)
         return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)))
     if name == "cuda_decode":
-        split, rows = fields.get("sk", "auto"), int(fields.get("r", 1))
-        warps, stages = int(fields.get("w", 4)), int(fields.get("s", 4))
-        if warps not in (4, 8) or rows not in (1, 2, 4, 8) or warps % rows \
-                or not 2 <= stages <= 20 // warps or (split != "auto" and int(split) < 1):
-            raise ValueError(f"bad cuda_decode config {config!r}: sk<n|auto>-w<4|8>-r<1|2|4|8, "
-                             "dividing w>-s<2..5 with 4 warps, 2 with 8>")
-        return (cuda_decode_split(n // rows, k, sms) if split == "auto" else int(split),
-                warps, rows, stages, 0)
+        from radiance.kernels.block_fp8_mm import launch_error
+
+        rows, warps, stages = int(fields.get("r", 1)), int(fields.get("w", 4)), int(fields.get("s", 4))
+        sk = fields.get("sk", "auto")
+        split = cuda_decode_split(n // max(rows, 1), k, sms) if sk == "auto" else int(sk)
+        why = launch_error(n, split, warps, stages, rows)
+        if why is not None:
+            raise ValueError(f"bad cuda_decode config {config!r}: {why}")
+        return (split, warps, rows, stages, 0)
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),

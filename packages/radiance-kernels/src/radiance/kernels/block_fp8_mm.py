@@ -55,6 +55,17 @@ def _reason(index: int) -> str | None:
     return None
 
 
+def launch_error(n: int, split: int, warps: int, stages: int, row_warps: int) -> str | None:
+    """Why the kernel cannot launch this configuration for N rows, or None. The shared-memory
+    ring is warps x stages x 2 KiB, held within 40 KiB of static shared memory."""
+    if (split < 1 or warps not in (4, 8) or stages < 2 or warps * stages > 20
+            or row_warps not in (1, 2, 4, 8) or warps % row_warps or (n // TILE_ROWS) % row_warps):
+        return (f"launch split={split} warps={warps} row_warps={row_warps} stages={stages}: needs "
+                "split >= 1, warps 4 or 8, stages 2-5 (4 warps) or 2 (8), row_warps 1/2/4/8 "
+                f"dividing warps and N/16={n // TILE_ROWS}")
+    return None
+
+
 def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps=1) -> None:
     """Every condition the kernel needs, as a TypeError/ValueError before anything launches."""
     for name, t in (("a", a), ("b", b)):
@@ -86,12 +97,9 @@ def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warp
             raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
     if out_dtype not in DTYPE_CODE:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    if (split < 1 or warps not in (4, 8) or stages < 2 or warps * stages > 20
-            or row_warps not in (1, 2, 4, 8)
-            or warps % row_warps or (n // TILE_ROWS) % row_warps):
-        raise ValueError(f"launch split={split} warps={warps} row_warps={row_warps} stages={stages}: "
-                         "needs split >= 1, warps 4 or 8, stages 2-5 (4 warps) or 2 (8), row_warps 1/2/4/8 dividing "
-                         f"warps and N/16={n // TILE_ROWS}")
+    why = launch_error(n, split, warps, stages, row_warps)
+    if why is not None:
+        raise ValueError(why)
     tensors = [a, b, sa, sb] + ([counters] if counters is not None else [])
     if len({t.device for t in tensors}) != 1 or a.device.type != "cuda":
         raise ValueError("operands must all be on one CUDA device, got "
