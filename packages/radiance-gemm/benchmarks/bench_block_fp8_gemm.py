@@ -6,7 +6,9 @@ replay runs the GEMM once per weight copy, rotating through copies that together
 L2, so every call reads its weight from HBM), its accuracy against the float64 dequantized
 reference (max |err| over the bf16-rounding tolerance; > 1 fails and the point is excluded from
 the dispatch table), the weight-read floor (N*K bytes at 4.25 TB/s), and a bf16 matmul of the
-same shape for scale. Writes table.md, results.json, dispatch_<arch>.json (the per-arch table
+same shape for scale, and `weight_read`: the time a kernel that only reads the weight's bytes
+(a Triton sum over them, the best of a few launch shapes, timed the same way) takes, which is
+what launch, ramp-up and drain leave of the floor at each size. Writes table.md, results.json, dispatch_<arch>.json (the per-arch table
 ``radiance.gemm`` loads from ``src/radiance/gemm/tables/<arch>.json``) and gemm.png (matplotlib
 when present) under --out, and prints the split-K vs generic vs PyTorch summary at M <= 8.
 
@@ -85,6 +87,51 @@ def unique_shapes():
     return seen
 
 
+# Launch shapes of the read-only kernel: (elements per load step, steps per program, warps).
+READ_SHAPES = ((1024, 8, 4), (2048, 4, 4), (2048, 8, 8), (4096, 4, 8), (4096, 8, 8))
+
+
+def read_kernel():
+    """A Triton kernel that sums int32 words and writes one partial per program: a pure stream
+    of the weight's bytes with nothing else to wait for."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_sum(src, out, n_words, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        base = pid.to(tl.int64) * BLOCK * STEPS
+        for i in tl.static_range(STEPS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(src + offs, mask=offs < n_words, other=0)
+        tl.store(out + pid, tl.sum(acc))
+
+    return read_sum
+
+
+def time_weight_read(wqs) -> tuple[float, str]:
+    """Fastest read-only pass over one weight copy per call (seconds), and its launch shape."""
+    import triton
+
+    kernel = read_kernel()
+    words = [w.view(torch.int32).reshape(-1) for w in wqs]
+    n_words = words[0].numel()
+    best = (float("inf"), "")
+    for block, steps, warps in READ_SHAPES:
+        grid = (triton.cdiv(n_words, block * steps),)
+        out = torch.empty(grid[0], dtype=torch.int32, device=words[0].device)
+        expect = int(words[0].sum(dtype=torch.int64).item()) & 0xFFFFFFFF
+        kernel[grid](words[0], out, n_words, BLOCK=block, STEPS=steps, num_warps=warps)
+        got = int(out.sum(dtype=torch.int64).item()) & 0xFFFFFFFF
+        if got != expect:  # int32 wrap-around is the same both ways: a mismatch is a bad read
+            raise RuntimeError(f"read kernel {block}x{steps}: sum {got} != {expect}")
+        t = time_graph(lambda i: kernel[grid](words[i], out, n_words, BLOCK=block, STEPS=steps,
+                                              num_warps=warps), len(words))
+        best = min(best, (t, f"b{block}-s{steps}-w{warps}"))
+    return best
+
+
 def time_graph(fn, copies: int, warmup: int = 2, replays: int = 7) -> float:
     """Median seconds per call: one CUDA graph that calls ``fn(i)`` for every weight copy i."""
     calls = [lambda i=i: fn(i) for i in range(copies)]
@@ -135,7 +182,7 @@ def main() -> int:
         if wanted and name not in wanted:
             continue
         p = providers.provider(name)
-        why = p.serves(plat, arch, 128, 128, (128, 128), torch.float8_e4m3fn)
+        why = p.serves(plat, arch, 4096, 4096, (128, 128), torch.float8_e4m3fn)  # shape-free probe
         if why:
             print(f"provider {name}: not measured: {why}")
             continue
@@ -157,6 +204,10 @@ def main() -> int:
         wbf = w64.to(torch.bfloat16)
         wbfs = [wbf] + [wbf.clone() for _ in range(min(copies, max(2, math.ceil(2 * l2 / (2 * wbytes)))) - 1)]
         floor = wbytes / COPY_BW
+        t_read, read_cfg = time_weight_read(wqs)
+        rows.append({"N": n, "K": k, "M": 0, "layers": where, "floor_us": floor * 1e6,
+                     "provider": "weight_read", "config": read_cfg, "us": t_read * 1e6,
+                     "err_ratio": None, "ok": None})
         for m in m_values:
             x = torch.randn(m, k, device="cuda", generator=gen)
             q, sa = reference.quantize_activation(x, 128)
@@ -210,12 +261,39 @@ def main() -> int:
     return 0
 
 
+REFERENCE_ROWS = ("bf16_mm", "weight_read")  # timed for scale, never dispatched to
+
+
+def read_summary(rows, table) -> list[str]:
+    """Per shape: the floor, the read-only pass, and the chosen provider at M = 1 and 16 against
+    both."""
+    chosen = {(k, e[0]): tuple(e[1:]) for k, es in table["shapes"].items() for e in es}
+    lines = ["| N x K | MB | floor us | weight_read us | read / floor | M | chosen | us | x floor | x read |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, k in sorted({(r["N"], r["K"]) for r in rows}, key=lambda nk: nk[0] * nk[1]):
+        read = [r for r in rows if (r["N"], r["K"], r["provider"]) == (n, k, "weight_read")]
+        if not read:
+            continue
+        floor, t_read = read[0]["floor_us"], read[0]["us"]
+        for m in (1, 16):
+            ch = chosen.get((f"{n}x{k}", m))
+            hit = [r for r in rows if ch and (r["N"], r["K"], r["M"], r["provider"], r["config"])
+                   == (n, k, m, ch[0], ch[1])]
+            if not hit:
+                continue
+            us = hit[0]["us"]
+            lines.append(f"| {n}x{k} | {n * k / 1e6:.1f} | {floor:.2f} | {t_read:.2f} | "
+                         f"{t_read / floor:.2f} | {m} | {ch[0]} {ch[1]} | {us:.2f} | "
+                         f"{us / floor:.2f} | {us / t_read:.2f} |")
+    return lines
+
+
 def build_table(rows, arch, meta):
     """Fastest accurate provider per (shape, M); a neighbour's choice is kept when it is within
     5% (fewer switches), and every point is checked to be within 5% of the fastest."""
     shapes = {}
     for r in rows:
-        if r["provider"] == "bf16_mm" or not r.get("ok"):
+        if r["provider"] in REFERENCE_ROWS or not r.get("ok"):
             continue
         shapes.setdefault((r["N"], r["K"]), {}).setdefault(r["M"], []).append(r)
     out = {"arch": arch, "generated_by": "benchmarks/bench_block_fp8_gemm.py",
@@ -245,8 +323,11 @@ def write_outputs(out_dir: Path, rows, table, meta):
     lines = [f"# Block-FP8 GEMM providers on {meta['gpu']} ({meta['arch']})", "",
              f"torch {meta['torch']}, Triton {meta['triton']}, CUDA {meta['cuda']} / HIP "
              f"{meta['hip']}, {meta['date']}. {meta['timing']}. Floor: N*K bytes at "
-             f"{COPY_BW / 1e12:.2f} TB/s. err = max |out - fp64 ref| / bf16 tolerance (<= 1 passes).",
-             "", "| N x K | M | provider | config | us | x floor | err | chosen |",
+             f"{COPY_BW / 1e12:.2f} TB/s. err = max |out - fp64 ref| / bf16 tolerance (<= 1 passes). "
+             "weight_read (M = 0 rows): a kernel that only reads the weight, timed the same way.",
+             "", "## The chosen provider against the floor and a read-only pass", "",
+             *read_summary(rows, table),
+             "", "## Every provider and launch config", "", "| N x K | M | provider | config | us | x floor | err | chosen |",
              "|---|---|---|---|---|---|---|---|"]
     chosen = {(k, e[0]): (e[1], e[2]) for k, es in table["shapes"].items() for e in es}
     for r in rows:
@@ -271,16 +352,19 @@ def write_outputs(out_dir: Path, rows, table, meta):
                              squeeze=False)
     for ax, (n, k) in zip(axes.flat, keys):
         pts = [r for r in rows if (r["N"], r["K"]) == (n, k) and r.get("us") is not None]
-        for prov in sorted({r["provider"] for r in pts}):
+        for prov in sorted({r["provider"] for r in pts} - {"weight_read"}):
             best = {}
             for r in pts:
-                if r["provider"] == prov and (prov == "bf16_mm" or r.get("ok")):
+                if r["provider"] == prov and (prov in REFERENCE_ROWS or r.get("ok")):
                     best[r["M"]] = min(best.get(r["M"], 1e99), r["us"])
             if best:
                 ms = sorted(best)
                 ax.plot(ms, [best[m] for m in ms], marker="o", label=prov)
-        ms = sorted({r["M"] for r in pts})
+        ms = sorted({r["M"] for r in pts if r["M"] > 0})
         ax.plot(ms, [n * k / COPY_BW * 1e6] * len(ms), "k--", label="weight-read floor")
+        read = [r["us"] for r in pts if r["provider"] == "weight_read"]
+        if read:
+            ax.plot(ms, read * len(ms), "k:", label="read-only pass")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"N={n} K={k}")
