@@ -8,9 +8,10 @@ reference (max |err| over the bf16-rounding tolerance; > 1 fails and the point i
 the dispatch table), the weight-read floor (N*K bytes at 4.25 TB/s), and a bf16 matmul of the
 same shape for scale, and `weight_read`: the time a kernel that only reads the weight's bytes
 (a Triton sum over them, the best of a few launch shapes, timed the same way) takes, which is
-what launch, ramp-up and drain leave of the floor at each size. Writes table.md, results.json, dispatch_<arch>.json (the per-arch table
-``radiance.gemm`` loads from ``src/radiance/gemm/tables/<arch>.json``) and gemm.png (matplotlib
-when present) under --out, and prints the split-K vs generic vs PyTorch summary at M <= 8.
+what launch, ramp-up and drain leave of the floor at each size. Writes table.md, results.json,
+dispatch_<arch>.json (the per-arch table ``radiance.gemm`` loads from
+``src/radiance/gemm/tables/<arch>.json``) and gemm.png (matplotlib when present) under --out,
+and prints the split-K vs generic vs PyTorch summary at M <= 8.
 
 Imports only radiance.gemm's provider modules: no vLLM needed.
 
