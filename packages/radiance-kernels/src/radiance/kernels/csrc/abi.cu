@@ -64,25 +64,27 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 // Exact divisors of the row are preferred (no idle lanes); several short rows share a block
 // when a row needs fewer than 128 threads at large M.
 // Decode rows split over S blocks, one vector a thread (measured on the H200 against one block
-// per row, benchmarks/results/epilogues "split" variants):
-//  - add_rms_quant never: its row sum (and, per token, its row max) would cross blocks through a
-//    cluster, and the cluster barriers cost more than the shorter rows save.
-//  - silu_mul_quant / gdn_norm_quant, group 128: every reduction stays inside a 128-column group,
-//    so the blocks of a row never talk; splitting is free parallelism and pays from K = 4096.
-//  - the same ops per token: the row max crosses blocks through a cluster; that pays only where a
-//    single block would need two vectors a thread (K > 5120), and with at most half the SMs busy.
+// per row, benchmarks/results/epilogues "split" variants). A split moves nvec - nvec/S vectors
+// of each block's instruction stream to other blocks; what it costs depends on how often the
+// blocks of a row must exchange partials (epilogue_common.cuh: one push through distributed
+// shared memory, ~0.2 µs each):
+//  - silu_mul_quant / gdn_norm_quant with group-128 scales: never (every reduction stays inside
+//    a 128-column group); splitting pays from 128 moved vectors (K = 2048, S = 2).
+//  - add_rms_quant with group-128 scales (the row sum), the other two per token (the row max):
+//    once; pays from ~384 moved vectors (K = 4096 with S = 4; K = 8192 with S = 2, at M = 64).
+//  - add_rms_quant per token (sum, then max): twice; pays from ~768 (K = 8192, S >= 4).
 // S is the largest of 8, 4, 2 that keeps each block's slice a whole number of warps of at least
-// g_min_split_vectors vectors and every block resident at once. sm_90+ only (clusters).
+// g_min_split_vectors vectors and every block resident at once (M * S <= SMs); if that S moves
+// too few vectors, the row is not split. sm_90+ only (clusters).
 static int pick_split(int op, int64_t M, int64_t nvec, bool group) {
   const DeviceFacts dev = device_facts();
-  if (dev.major < 9 || op == kOpAddRms) return 1;
-  const bool clustered = split_needs_cluster(op, group);
-  if (clustered ? nvec <= 640 : nvec < 512) return 1;
-  const int64_t max_blocks = clustered ? dev.sms / 2 : dev.sms;
+  if (dev.major < 9) return 1;
+  const int exchanges = split_exchanges(op, group);
+  const int64_t min_moved = exchanges ? 384 * exchanges : 128;
   for (int s = 8; s > 1; s >>= 1) {
     const int64_t slice = nvec / s;
-    if (nvec % s || slice % 32 || slice < g_min_split_vectors || M * s > max_blocks) continue;
-    return s;
+    if (nvec % s || slice % 32 || slice < g_min_split_vectors || M * s > dev.sms) continue;
+    return nvec - slice >= min_moved ? s : 1;
   }
   return 1;
 }

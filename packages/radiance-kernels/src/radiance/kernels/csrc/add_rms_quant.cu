@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   bool on[VPT];
   uint4 yv[VPT], rv[VPT], wv[VPT];
   const uint4 z = make_uint4(0, 0, 0, 0);
+  cluster_row_begin(split, sh);
   add_rms_prefetch_weights<VPT>(a, rth, on, wv);
   rad_wait_prior_grids();
 #pragma unroll
@@ -25,7 +26,6 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   }
   rad_release_dependents();
   add_rms_finish<VPT, BF16, GROUP>(a, yv, rv, wv, on, rth, sh);
-  cluster_row_done(split);
 }
 
 }  // namespace radiance

@@ -77,7 +77,7 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     }
     if (on[v] && has_res) st16(a.residual_out + row * a.K + ((int64_t)v * rt + t) * 8, pack8(h));
   }
-  ss = cluster_row_sum(row_sum(ss, a.tpr, sh.red_sum), split, &sh.part_sum);
+  ss = cluster_row_sum(row_sum(ss, a.tpr, sh.red_sum), split, sh, /*first=*/true);
   const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
 
   uint4 o[VPT];
@@ -115,7 +115,8 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     }
     o[v] = pack8(h);
   }
-  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.K, a.q, a.scale, a.fmt, sh);
+  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.K, a.q, a.scale, a.fmt, sh,
+                                 /*summed=*/true);
 }
 
 // Host side: checks an add_rms_quant call's arguments and fills everything but the launch layout

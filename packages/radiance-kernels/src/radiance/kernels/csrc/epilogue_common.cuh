@@ -69,12 +69,16 @@ RAD_DEVICE RowThread row_thread(int tpr, int rpb, int split, int64_t M) {
   return r;
 }
 
-// Shared memory of one epilogue block: per-warp partials, and the block's part of a split row.
+// Shared memory of one epilogue block: per-warp partials and, for a row split across a cluster,
+// every block's partial of the row (pushed here by each block of the cluster) with the two
+// transaction barriers that count them in.
+constexpr int kMaxSplit = 8;
 struct RowShared {
+  uint64_t arrived[2];  // mbarriers: [0] the row-sum partials, [1] the row-max partials
+  float part_sum[kMaxSplit];
+  uint32_t part_max[kMaxSplit];
   float red_sum[kMaxWarps];
   uint32_t red_max[kMaxWarps];
-  float part_sum;
-  uint32_t part_max;
 };
 
 // ---- 16-byte vectors ----------------------------------------------------------------------
@@ -169,47 +173,109 @@ RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, uint32_t* red) {
 
 // ---- rows split across a thread-block cluster (sm_90+) ------------------------------------
 // At decode sizes a row per block leaves most SMs idle, and one block's instruction stream over
-// the whole row is the latency. Split, each block reduces its part of the row, then reads every
-// block's part from the cluster's distributed shared memory and adds them in cluster-rank order,
-// so every block of the row holds the identical total. Only with one row per block; HIP has no
+// the whole row is the latency. Split, each block reduces its part of the row and pushes the
+// partial into every block of the cluster (st.async into the peer's shared memory, counted by a
+// transaction barrier there); each block then adds the `split` partials in cluster-rank order,
+// so every block of the row holds the identical total. A push is one one-way trip through
+// distributed shared memory. Timed on the H200 (benchmarks/cluster_exchange.cu: a split row with
+// two exchanges, against the same split with no exchange), pushes cost 0.35-0.6 µs a call over
+// S = 2-8; exchanging through cluster-wide barriers (write own part, cluster.sync, read the
+// peers', cluster.sync before exit) 1.1-1.9 µs; tagged 64-bit stores into the peers' slots,
+// polled by every thread one slot after another, 0.25 µs at S = 2 but 0.8 µs at S = 8; the same
+// slots polled by lane r of every warp, 0.9-1.3 µs. Only with one row per block; HIP has no
 // clusters (split is always 1 there).
+//
+// Protocol. At kernel start each block arms its two barriers for `split` 4-byte arrivals and
+// arrives (relaxed) at the cluster barrier; before its first push it waits there, so no push can
+// reach a peer whose barriers are not yet initialised. Each barrier is used for one phase only.
+// No block needs a barrier before exit: a block leaves only after every push addressed to it has
+// landed (it waited for them), and a push carries its value in the instruction itself.
 #if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RAD_CLUSTERS 1
 #endif
 
-RAD_DEVICE float cluster_row_sum(float v, int split, float* part) {
+#ifdef RAD_CLUSTERS
+RAD_DEVICE uint32_t shared_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+RAD_DEVICE uint32_t cluster_addr(const void* p, uint32_t rank) {  // p in block `rank`
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(shared_addr(p)), "r"(rank));
+  return r;
+}
+
+RAD_DEVICE uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every block's `bits` into slot[my rank] of every block (threads 0..split-1 one push each),
+// then wait for all `split` pushes into this block.
+RAD_DEVICE void cluster_exchange(uint32_t bits, int split, uint32_t* slot, uint64_t* arrived,
+                                 bool first) {
+  if (first) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  const uint32_t t = threadIdx.x;
+  if (t < (uint32_t)split)
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(cluster_addr(slot + cluster_rank(), t)), "r"(bits),
+                 "r"(cluster_addr(arrived, t))
+                 : "memory");
+  asm volatile(
+      "{\n .reg .pred done;\n wait_pushes:\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
+      " @!done bra wait_pushes;\n}\n" ::"r"(shared_addr(arrived))
+      : "memory");
+}
+#endif
+
+// At kernel start, before the wait on the previous kernel (block-uniform `split`).
+RAD_DEVICE void cluster_row_begin(int split, RowShared& sh) {
 #ifdef RAD_CLUSTERS
   if (split > 1) {
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    if (threadIdx.x == 0) *part = v;
-    cl.sync();
-    float s = *cl.map_shared_rank(part, 0);
-    for (int r = 1; r < split; ++r) s = rad_add(s, *cl.map_shared_rank(part, r));
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 2; ++i) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(&sh.arrived[i])));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     ::"r"(shared_addr(&sh.arrived[i])), "r"(split * 4) : "memory");
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
+#else
+  (void)split, (void)sh;
+#endif
+}
+
+// The row's total from this block's part `v` (held by every thread of the block). `first`: no
+// exchange came before it in this kernel.
+RAD_DEVICE float cluster_row_sum(float v, int split, RowShared& sh, bool first) {
+#ifdef RAD_CLUSTERS
+  if (split > 1) {
+    cluster_exchange(rad_f2u(v), split, reinterpret_cast<uint32_t*>(sh.part_sum), &sh.arrived[0],
+                     first);
+    float s = sh.part_sum[0];
+    for (int r = 1; r < split; ++r) s = rad_add(s, sh.part_sum[r]);
     return s;
   }
+#else
+  (void)split, (void)sh, (void)first;
 #endif
   return v;
 }
 
-RAD_DEVICE uint32_t cluster_row_max(uint32_t v, int split, uint32_t* part) {
+RAD_DEVICE uint32_t cluster_row_max(uint32_t v, int split, RowShared& sh, bool first) {
 #ifdef RAD_CLUSTERS
   if (split > 1) {
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    if (threadIdx.x == 0) *part = v;
-    cl.sync();
+    cluster_exchange(v, split, sh.part_max, &sh.arrived[1], first);
     uint32_t m = 0;
-    for (int r = 0; r < split; ++r) m = max(m, *cl.map_shared_rank(part, r));
+    for (int r = 0; r < split; ++r) m = max(m, sh.part_max[r]);
     return m;
   }
+#else
+  (void)split, (void)sh, (void)first;
 #endif
   return v;
-}
-
-// Before a split block exits: its shared memory must outlive the other blocks' reads of it.
-RAD_DEVICE void cluster_row_done(int split) {
-#ifdef RAD_CLUSTERS
-  if (split > 1) cooperative_groups::this_cluster().sync();
-#endif
 }
 
 // Max over the 16 lanes that share one 128-column group.
@@ -281,10 +347,12 @@ RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt,
 
 // The quant tail shared by all three ops. o[v] holds the row's output (act dtype, packed) for
 // vector c = v*rt + t; `on[v]` says whether that vector exists. Writes q and the scale(s).
+// `summed`: the row sum already crossed the cluster (add_rms_quant), so the max is its second
+// exchange.
 template <int VPT, bool BF16, bool GROUP>
 RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const RowThread& rth,
                              int tpr, int split, int64_t K, uint8_t* q, float* scale, int fmt,
-                             RowShared& sh) {
+                             RowShared& sh, bool summed) {
   const int t = rth.t, rt = rth.rt;
   const int64_t row = rth.row;
   uint32_t vmax[VPT];
@@ -314,7 +382,7 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const
 #pragma unroll
     for (int v = 0; v < VPT; ++v) m = max(m, vmax[v]);
     m = row_max_u32(m, tpr, sh.red_max);
-    m = cluster_row_max(m, split, &sh.part_max);
+    m = cluster_row_max(m, split, sh, !summed);
     const float s = quant_scale(m, fmt);
     const float r = 1.0f / s;  // torch: scale.reciprocal()
     if (rth.row_ok && t == 0) scale[row] = s;
@@ -350,10 +418,11 @@ namespace radiance {
 // Op ids for the launch-config override and query (radiance_set_launch_config).
 enum OpId { kOpAddRms = 0, kOpSiluMul = 1, kOpGdnNorm = 2, kOpCount = 3 };
 
-// Whether a split row's blocks exchange partials (and so must form a cluster): add_rms_quant's
-// row sum crosses blocks, and so does any per-token row max; silu_mul_quant and gdn_norm_quant
-// with group-128 scales reduce only within a group, and their blocks never talk.
-inline bool split_needs_cluster(int op, bool group) { return op == kOpAddRms || !group; }
+// How many partials a split row's blocks exchange: add_rms_quant's row sum crosses blocks, and so
+// does any per-token row max; silu_mul_quant and gdn_norm_quant with group-128 scales reduce
+// only within a group, and their blocks never talk. Blocks that exchange must form a cluster.
+inline int split_exchanges(int op, bool group) { return (op == kOpAddRms ? 1 : 0) + (group ? 0 : 1); }
+inline bool split_needs_cluster(int op, bool group) { return split_exchanges(op, group) > 0; }
 
 // Defined in abi.cu.
 LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group,

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   const int split = split_for<VPT>(a.split);
   const RowThread rth = row_thread(a.tpr, a.rpb, split, a.M);
   const int64_t nvec = a.N / 8;
+  cluster_row_begin(GROUP ? 1 : split, sh);  // group-128 split blocks never talk
 
   // rt*8 is a multiple of head_dim (rt % 32 == 0, head_dim <= 256), so a thread sees the same
   // 8 weights in every vector it owns. The weight is static: read before the wait for the
@@ -72,8 +73,8 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     }
     o[v] = pack8(h);
   }
-  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh);
-  cluster_row_done(GROUP ? 1 : split);  // group-128 split blocks never read each other
+  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh,
+                                 /*summed=*/false);
 }
 
 

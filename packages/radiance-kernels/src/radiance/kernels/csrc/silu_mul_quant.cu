@@ -30,6 +30,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
 
   bool on[VPT];
   uint4 gv[VPT], uv[VPT];
+  cluster_row_begin(GROUP ? 1 : split, sh);  // group-128 split blocks never talk
   rad_wait_prior_grids();
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
@@ -56,8 +57,8 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     }
     o[v] = pack8(h);
   }
-  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh);
-  cluster_row_done(GROUP ? 1 : split);  // group-128 split blocks never read each other
+  quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh,
+                                 /*summed=*/false);
 }
 
 
