@@ -55,6 +55,17 @@ def test_every_m_matches_float64_reference(m):
     _check(block_fp8_mm(a, b, sa, sb), a, sa, b, sb)
 
 
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
+@pytest.mark.parametrize("warps,row_warps,stages,split", [(8, 1, 2, 1), (4, 1, 3, 4)])
+def test_large_weight_without_activation_prefetch(m, warps, row_warps, stages, split):
+    """Past 32 MiB of weight the kernel requests activations in each group's own iteration (no
+    prefetch one group ahead): the other code path, checked the same way."""
+    a, sa, b, sb = _operands(m, 5120, 7168, seed=100 + m)
+    assert b.numel() > 32 << 20
+    _check(block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps),
+           a, sa, b, sb)
+
+
 @pytest.mark.parametrize("split", [1, 2, 3, 8, 64])
 @pytest.mark.parametrize("warps,row_warps,stages", [(4, 1, 2), (4, 1, 5), (4, 2, 3), (4, 4, 4),
                                                     (8, 1, 2), (8, 2, 2), (8, 4, 2), (8, 8, 2)])

@@ -43,6 +43,13 @@ namespace {
 
 constexpr int kTileRows = 16;  // weight rows per block: the mma's M
 constexpr int kGroup = 128;    // K columns per scale group
+// Weights up to this size request each group's activations one group ahead (the kernel's PF).
+// Timed on the H200 against requesting them in the group's own iteration, best launch config of
+// each, same run (radiance-gemm benchmarks/results/activation_prefetch_ab.md): up to 26 MB,
+// where each group's L2 round trip is on a short critical path, 0.85-1.0x the time at M <= 8
+// (0.88-1.07x at M = 16); from 42 MB on 0.95-1.10x at M <= 8 and up to 1.33x at M = 16, where
+// the ~20 extra registers a thread cost occupancy that streaming the weight needs.
+constexpr int64_t kPrefetchMaxBytes = 32ll << 20;
 
 struct BlockFp8MmArgs {
   const uint8_t* a;
@@ -148,7 +155,7 @@ RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
 // is what lets many warps (and so many bytes) be in flight per SM: with the weight staged in
 // registers instead, 120-170 registers a thread held the kernel to 12-25% occupancy and 20-40%
 // of DRAM bandwidth at mid sizes (Nsight Compute on the H200).
-template <int TT, int WN, int WK, int S>
+template <int TT, int WN, int WK, int S, bool PF>
 __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockFp8MmArgs p) {
   constexpr int kThreads = WN * WK * 32;
   constexpr int kBlockRows = WN * kTileRows;
@@ -209,20 +216,32 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
 #pragma unroll
     for (int i = 0; i < 4; ++i) total[t][i] = 0.f;
 
-  for (int i = 0; i < count; ++i) {
+  // Activations and scales of group i come from L2 (every block reads them). PF: requested one
+  // group ahead, into registers, so their latency overlaps the previous group's wait and MMAs
+  // instead of adding an L2 round trip to every group; it costs ~20 registers a thread (see
+  // kPrefetchMaxBytes). Otherwise requested at the top of the group's own iteration, where their
+  // latency overlaps only the wait for the weight.
+  uint4 x0[TT], x1[TT];
+  float sa[TT][2], sw = 0.f;
+  auto load_inputs = [&](int i, uint4 (&a0)[TT], uint4 (&a1)[TT], float (&s)[TT][2], float& w) {
     const int g = first + i * WK;
     const int64_t off = (int64_t)g * kGroup;
-    // Activations and scales first: their L2 latency overlaps the wait for the weight.
-    uint4 x0[TT], x1[TT];
-    float sa[TT][2];
 #pragma unroll
     for (int t = 0; t < TT; ++t) {
-      x0[t] = x_on[t] ? load_shared_input(x_row[t] + off) : zero;
-      x1[t] = x_on[t] ? load_shared_input(x_row[t] + off + 64) : zero;
+      a0[t] = x_on[t] ? load_shared_input(x_row[t] + off) : zero;
+      a1[t] = x_on[t] ? load_shared_input(x_row[t] + off + 64) : zero;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) sa[t][j] = s_on[t][j] ? sa_row[t][j][(int64_t)g * p.sa_g] : 0.f;
+      for (int j = 0; j < 2; ++j) s[t][j] = s_on[t][j] ? sa_row[t][j][(int64_t)g * p.sa_g] : 0.f;
     }
-    const float sw = sb_row[(int64_t)g * p.sb_g];
+    w = sb_row[(int64_t)g * p.sb_g];
+  };
+  if (PF && count > 0) load_inputs(0, x0, x1, sa, sw);
+
+  for (int i = 0; i < count; ++i) {
+    uint4 nx0[TT], nx1[TT];
+    float nsa[TT][2], nsw = 0.f;
+    if (!PF) load_inputs(i, x0, x1, sa, sw);
+    else if (i + 1 < count) load_inputs(i + 1, nx0, nx1, nsa, nsw);
     issue(i + S - 1);
     copy_async_wait<S - 1>();  // group i has landed: at most the S - 1 newer ones are pending
     const uint4(&src)[4][32] = slot[i % S];
@@ -241,6 +260,16 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
       total[t][1] += acc[t][1] * sa[t][1] * sw;
       total[t][2] += acc[t][2] * sa[t][0] * sw;
       total[t][3] += acc[t][3] * sa[t][1] * sw;
+    }
+    if (PF && i + 1 < count) {
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        x0[t] = nx0[t];
+        x1[t] = nx1[t];
+        sa[t][0] = nsa[t][0];
+        sa[t][1] = nsa[t][1];
+      }
+      sw = nsw;
     }
   }
   copy_async_wait<0>();  // no copy may outlive the block (the trailing groups are empty)
@@ -307,37 +336,40 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
 }
 
 template <int TT, int WN, int WK, int S>
-rad_error_t launch_ring(dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
+rad_error_t launch_ring(bool prefetch, dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
   // Static shared memory must stay within 48 KiB: the ring is warps x S x 2 KiB.
   if constexpr (WN * WK * S * 2048 <= 40 * 1024) {
-    return rad_launch(block_fp8_mm_kernel<TT, WN, WK, S>, grid, dim3(WN * WK * 32), s, p);
+    return prefetch
+        ? rad_launch(block_fp8_mm_kernel<TT, WN, WK, S, true>, grid, dim3(WN * WK * 32), s, p)
+        : rad_launch(block_fp8_mm_kernel<TT, WN, WK, S, false>, grid, dim3(WN * WK * 32), s, p);
   } else {
     return rad_error_invalid_value;
   }
 }
 
 template <int TT, int WN, int WK>
-rad_error_t launch_staged(int stages, dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
+rad_error_t launch_staged(int stages, bool prefetch, dim3 grid, rad_stream_t s,
+                          const BlockFp8MmArgs& p) {
   switch (stages) {
-    case 2: return launch_ring<TT, WN, WK, 2>(grid, s, p);
-    case 3: return launch_ring<TT, WN, WK, 3>(grid, s, p);
-    case 4: return launch_ring<TT, WN, WK, 4>(grid, s, p);
-    case 5: return launch_ring<TT, WN, WK, 5>(grid, s, p);
+    case 2: return launch_ring<TT, WN, WK, 2>(prefetch, grid, s, p);
+    case 3: return launch_ring<TT, WN, WK, 3>(prefetch, grid, s, p);
+    case 4: return launch_ring<TT, WN, WK, 4>(prefetch, grid, s, p);
+    case 5: return launch_ring<TT, WN, WK, 5>(prefetch, grid, s, p);
     default: return rad_error_invalid_value;
   }
 }
 
 template <int TT>
-rad_error_t launch_shaped(int warps, int row_warps, int stages, dim3 grid, rad_stream_t s,
-                          const BlockFp8MmArgs& p) {
+rad_error_t launch_shaped(int warps, int row_warps, int stages, bool prefetch, dim3 grid,
+                          rad_stream_t s, const BlockFp8MmArgs& p) {
   switch (warps * 16 + row_warps) {
-    case 4 * 16 + 1: return launch_staged<TT, 1, 4>(stages, grid, s, p);
-    case 4 * 16 + 2: return launch_staged<TT, 2, 2>(stages, grid, s, p);
-    case 4 * 16 + 4: return launch_staged<TT, 4, 1>(stages, grid, s, p);
-    case 8 * 16 + 1: return launch_staged<TT, 1, 8>(stages, grid, s, p);
-    case 8 * 16 + 2: return launch_staged<TT, 2, 4>(stages, grid, s, p);
-    case 8 * 16 + 4: return launch_staged<TT, 4, 2>(stages, grid, s, p);
-    case 8 * 16 + 8: return launch_staged<TT, 8, 1>(stages, grid, s, p);
+    case 4 * 16 + 1: return launch_staged<TT, 1, 4>(stages, prefetch, grid, s, p);
+    case 4 * 16 + 2: return launch_staged<TT, 2, 2>(stages, prefetch, grid, s, p);
+    case 4 * 16 + 4: return launch_staged<TT, 4, 1>(stages, prefetch, grid, s, p);
+    case 8 * 16 + 1: return launch_staged<TT, 1, 8>(stages, prefetch, grid, s, p);
+    case 8 * 16 + 2: return launch_staged<TT, 2, 4>(stages, prefetch, grid, s, p);
+    case 8 * 16 + 4: return launch_staged<TT, 4, 2>(stages, prefetch, grid, s, p);
+    case 8 * 16 + 8: return launch_staged<TT, 8, 1>(stages, prefetch, grid, s, p);
     default: return rad_error_invalid_value;
   }
 }
@@ -393,6 +425,7 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   p.out_dtype = out_dtype;
   const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
-  return (int)(M <= 8 ? launch_shaped<1>(warps, row_warps, stages, grid, s, p)
-                      : launch_shaped<2>(warps, row_warps, stages, grid, s, p));
+  const bool prefetch = N * K <= kPrefetchMaxBytes;
+  return (int)(M <= 8 ? launch_shaped<1>(warps, row_warps, stages, prefetch, grid, s, p)
+                      : launch_shaped<2>(warps, row_warps, stages, prefetch, grid, s, p));
 }
