@@ -21,10 +21,6 @@
 
 #include "portability.h"
 
-#if !defined(RADIANCE_HIP)
-#include <cooperative_groups.h>
-#endif
-
 namespace radiance {
 
 constexpr int kMaxThreads = 1024;
