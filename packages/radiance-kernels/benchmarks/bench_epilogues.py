@@ -74,7 +74,6 @@ def main() -> int:
         return 1
     raw = lib._lib
     import ctypes
-    raw.radiance_set_launch_config.argtypes = [ctypes.c_int] * 5
     raw.radiance_get_launch_config.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                                ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     raw.radiance_set_pdl.argtypes = [__import__("ctypes").c_int]
@@ -113,12 +112,12 @@ def main() -> int:
                                 **(SPLITS if m in SPLIT_MS else {})}
                     for name, (vpt, tpr, rpb, split) in variants.items():
                         t = tpr or (k // 8) // (vpt * split)
-                        if raw.radiance_set_launch_config(op_i, vpt, t, rpb, split) != 0:
+                        if lib.set_launch_config(op_i, vpt, t, rpb, split) != 0:
                             continue
                         try:
                             row[f"variant_{name}_us"] = graph_time_us(kern, sets)
                         finally:
-                            raw.radiance_set_launch_config(op_i, 0, 0, 0, 1)
+                            lib.set_launch_config(op_i, 0, 0, 0, 1)
                     if m in VARIANT_MS:
                         raw.radiance_set_pdl(0)
                         try:

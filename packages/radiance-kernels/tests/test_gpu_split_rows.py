@@ -5,8 +5,6 @@ a row's sum of squares is added (cluster-rank order of the blocks' parts)."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
@@ -15,13 +13,11 @@ from test_gpu_exactness import _assert_ok, run_case
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")  # the library's op ids, in order
 
 
-def _raw_library():
+def _library():
     from radiance.kernels import library
     lib = library.get()
     assert lib is not None, library.why_not()
-    raw = lib._lib
-    raw.radiance_set_launch_config.argtypes = [ctypes.c_int] * 5
-    return raw
+    return lib
 
 
 @pytest.mark.gpu
@@ -31,14 +27,14 @@ def _raw_library():
 def test_forced_split_rows_match_reference(op, group, split):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("split rows need thread-block clusters (sm_90+)")
-    raw = _raw_library()
+    lib = _library()
     op_id = OPS.index(op)
     ran = 0
     for i, (m, k) in enumerate((m, k) for m in (1, 8, 64) for k in (2048, 4096, 5120, 8192)):
         tpr = k // 8 // split
         if (k // 8) % split or tpr % 32:
             continue
-        assert raw.radiance_set_launch_config(op_id, 1, tpr, 1, split) == 0, (op, k, split)
+        assert lib.set_launch_config(op_id, 1, tpr, 1, split) == 0, (op, k, split)
         try:
             for dtype, residual in ((torch.bfloat16, True), (torch.float16, False)):
                 case = (op, m, k, split, dtype, group, residual)
@@ -46,5 +42,5 @@ def test_forced_split_rows_match_reference(op, group, split):
                                     seed=3000 + 10 * i + split), case)
                 ran += 1
         finally:
-            raw.radiance_set_launch_config(op_id, 0, 0, 0, 1)
+            lib.set_launch_config(op_id, 0, 0, 0, 1)
     assert ran > 0

@@ -390,7 +390,10 @@ class KernelLibrary:
         self.block_fp8_mm.argtypes = [c_vp, c_i64, c_vp, c_i64, c_i64, c_vp, c_i64, c_vp, c_i64,
                                       c_i64, c_vp, c_i64, c_int, c_i64, c_i64, c_i64, c_vp, c_vp,
                                       c_int, c_int, c_int, c_int, c_vp]
-        for fn in (self.block_fp8_mm, self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
+        # Benchmark and test only: pins an op's launch layout (vpt 0 restores the heuristic).
+        self.set_launch_config = lib.radiance_set_launch_config
+        self.set_launch_config.argtypes = [c_int] * 5
+        for fn in (self.set_launch_config, self.block_fp8_mm, self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
                    self.peer_region_free, self.peer_set_create, self.peer_set_destroy,
                    self.peer_set_handshake, self.all_reduce, self.ar_add_rms_quant):
             fn.restype = c_int
