@@ -22,7 +22,7 @@ from radiance.kernels.benchmarking import graph_replay_us
 
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
 KS = (2048, 4096, 5120, 8192)
-MS = (8192, 512, 64, 8, 1)  # largest first: the dynamic-M compile sees the big hint first
+MS = (8192, 2048, 512, 64, 8, 1)  # largest first: the dynamic-M compile sees the big hint first
 L2_BYTES = 60 << 20
 EPS = 1e-6
 # Launch variants timed alongside the heuristic at M in VARIANT_MS, every K: (vectors per thread,
@@ -33,7 +33,7 @@ VARIANTS = {"vpt1": (1, 0, 1, 1), "vpt2": (2, 0, 1, 1), "vpt2x2": (2, 0, 2, 1),
             "vpt4": (4, 0, 1, 1), "vpt4x2": (4, 0, 2, 1), "vpt8": (8, 0, 1, 1)}
 SPLITS = {"split1": (1, 0, 1, 1), "split2": (1, 0, 1, 2), "split4": (1, 0, 1, 4),
           "split8": (1, 0, 1, 8)}
-VARIANT_MS = (8, 8192)
+VARIANT_MS = (8, 64, 512, 2048, 8192)
 SPLIT_MS = (1, 8, 64)
 
 

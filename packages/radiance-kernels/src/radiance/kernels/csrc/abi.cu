@@ -58,11 +58,19 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 //    group-128 scales; 2 vectors a thread beyond, where the per-token row max over a wider block
 //    costs more than the extra loads. Where it pays, a decode row is split over several blocks
 //    (pick_split).
+//  - Mid M (128 < M <= 1024): the rows fill about one wave of the GPU's resident threads, so
+//    more threads a row still pay: 2 vectors a thread per token, 1 with group-128 scales up to
+//    640 threads a row (K <= 5120), 2 beyond. At M = 512 that is up to 1.4x faster than the
+//    large-M layouts (silu_mul_quant per token, K = 5120) and at most 7% slower at any op and K
+//    (the "vpt" variants at M = 512 in benchmarks/results/epilogues).
 //  - Large M is bandwidth- and issue-bound: per-token rows run best with 4 vectors a thread
 //    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows with 2
 //    (the 16-lane group reduction then spans fewer vectors per thread).
 // Exact divisors of the row are preferred (no idle lanes); several short rows share a block
-// when a row needs fewer than 128 threads at large M.
+// when a row needs fewer than 128 threads at large M. Resident blocks streaming rows through a
+// cp.async shared-memory ring (loads of the next rows in flight during the math) were timed too
+// and were 0.97-1.31x the time of these layouts at M = 8192 (benchmarks/results/streamed_rows.md):
+// the large-M rows wait on issue slots, not loads, and the ring's registers cost occupancy.
 // Decode rows split over S blocks, one vector a thread (measured on the H200 against one block
 // per row, benchmarks/results/epilogues "split" variants). A split moves nvec - nvec/S vectors
 // of each block's instruction stream to other blocks; what it costs depends on how often the
@@ -102,10 +110,12 @@ LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group, 
   }
   static const int kDecodeNarrow[] = {1, 2, 3, 4, 5, 6, 8};
   static const int kDecodeWide[] = {2, 1, 3, 4, 5, 6, 8};
+  static const int kMidPerToken[] = {2, 4, 1, 3, 5, 6, 8};
   static const int kBulkPerToken[] = {4, 2, 5, 3, 6, 8, 1};
   static const int kBulkGroup[] = {2, 4, 1, 3, 5, 6, 8};
-  const int* order = latency ? (nvec <= (group ? 1024 : 640) ? kDecodeNarrow : kDecodeWide)
-                             : (group ? kBulkGroup : kBulkPerToken);
+  const int* order = latency   ? (nvec <= (group ? 1024 : 640) ? kDecodeNarrow : kDecodeWide)
+                     : M <= 1024 ? (group ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide) : kMidPerToken)
+                                 : (group ? kBulkGroup : kBulkPerToken);
   LaunchConfig cfg = {0, 0, 1, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
