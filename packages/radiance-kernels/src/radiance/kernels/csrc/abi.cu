@@ -113,9 +113,13 @@ LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group, 
   static const int kMidPerToken[] = {2, 4, 1, 3, 5, 6, 8};
   static const int kBulkPerToken[] = {4, 2, 5, 3, 6, 8, 1};
   static const int kBulkGroup[] = {2, 4, 1, 3, 5, 6, 8};
-  const int* order = latency   ? (nvec <= (group ? 1024 : 640) ? kDecodeNarrow : kDecodeWide)
-                     : M <= 1024 ? (group ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide) : kMidPerToken)
-                                 : (group ? kBulkGroup : kBulkPerToken);
+  const int* order;
+  if (latency)
+    order = nvec <= (group ? 1024 : 640) ? kDecodeNarrow : kDecodeWide;
+  else if (M <= 1024)  // mid M
+    order = group ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide) : kMidPerToken;
+  else
+    order = group ? kBulkGroup : kBulkPerToken;
   LaunchConfig cfg = {0, 0, 1, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
