@@ -70,7 +70,12 @@ SHAPES = {
 VARIANTS = {
     "cuda_decode": ["skauto-w4-r1-s4", "skauto-w4-r1-s5", "skauto-w4-r1-s3", "sk1-w4-r1-s5",
                     "skauto-w8-r1-s2", "sk1-w8-r1-s2", "skauto-w8-r2-s2", "sk1-w8-r8-s2",
-                    "skauto-w4-r4-s4", "sk2-w4-r1-s5"],
+                    "skauto-w4-r4-s4", "sk2-w4-r1-s5",
+                    # the sm_90 warpgroup-MMA kernel (64 or 128 rows a block)
+                    "skauto-w4-r4-s4-wg1", "sk4-w4-r4-s4-wg1", "sk4-w4-r4-s5-wg1",
+                    "skauto-w8-r8-s3-wg1", "sk4-w8-r8-s3-wg1", "sk8-w8-r8-s2-wg1",
+                    # ... with 2 groups (256 contiguous bytes of each row) a ring stage
+                    "skauto-w4-r4-s3-wg2", "sk4-w4-r4-s3-wg2", "sk4-w8-r8-s2-wg2"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-skauto-w4-s4-f1",
                       "bn128-skauto-w4-s3-f1", "bn32-skauto-w2-s6-f1", "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bmauto-bn64-w4-s4", "bm128-bn128-w8-s3"],
@@ -325,7 +330,8 @@ def write_outputs(out_dir: Path, rows, table, meta):
              f"torch {meta['torch']}, Triton {meta['triton']}, CUDA {meta['cuda']} / HIP "
              f"{meta['hip']}, {meta['date']}. {meta['timing']}. Floor: N*K bytes at "
              f"{COPY_BW / 1e12:.2f} TB/s. err = max |out - fp64 ref| / bf16 tolerance (<= 1 passes). "
-             "weight_read (M = 0 rows): a kernel that only reads the weight, timed the same way.",
+             "weight_read (M = 0 rows): a kernel that only reads the weight, timed the same way."
+             + (f" {meta['note']}" if meta.get("note") else ""),
              "", "## The chosen provider against the floor and a read-only pass", "",
              *read_summary(rows, table),
              "", "## Every provider and launch config", "", "| N x K | M | provider | config | us | x floor | err | chosen |",

@@ -204,7 +204,13 @@ def test_cuda_decode_config_round_trips():
     params = providers.parse_config("cuda_decode", "sk4-w8-r2-s2", 4096, 4096, 132)
     assert params == (4, 8, 2, 2, 0)
     assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-s2"
-    for bad in ("sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2"):
+    params = providers.parse_config("cuda_decode", "sk2-w8-r8-s3-wg1", 4096, 4096, 132)
+    assert params == (2, 8, 8, 3, 1)
+    assert providers.format_params("cuda_decode", params) == "sk2-w8-r8-s3-wg1"
+    assert providers.parse_config("cuda_decode", "sk2-w4-r4-s3-wg2", 4096, 4096, 132)[4] == 2
+    for bad in ("sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2", "sk2-w8-r4-s2-wg1",
+                "sk2-w4-r4-s6-wg1", "sk2-w4-r4-s4-wg2", "sk2-w8-r8-s3-wg2", "sk2-w4-r4-s2-wg3",
+                "sk2-w8-r8-s3"):
         with pytest.raises(ValueError, match="bad cuda_decode config"):
             providers.parse_config("cuda_decode", bad, 4096, 4096, 132)
     # auto split counts block columns: four row warps make a quarter of the columns

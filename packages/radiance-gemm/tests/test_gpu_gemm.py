@@ -13,7 +13,8 @@ pytestmark = pytest.mark.gpu
 SHAPES = [(1, 2048, 4096), (2, 1024, 2048), (5, 2000, 1536), (8, 4096, 2048), (16, 6144, 2048),
           (17, 1024, 512), (64, 2048, 2048), (300, 1536, 1024), (2048, 2048, 4096)]
 CONFIGS = {
-    "cuda_decode": ["skauto-w4-r1-s4", "sk1-w8-r1-s2", "sk4-w4-r4-s5", "sk1-w8-r8-s2", "sk2-w4-r2-s3"],
+    "cuda_decode": ["skauto-w4-r1-s4", "sk1-w8-r1-s2", "sk4-w4-r4-s5", "sk1-w8-r8-s2", "sk2-w4-r2-s3",
+                    "skauto-w4-r4-s4-wg1", "sk3-w8-r8-s3-wg1", "sk2-w4-r4-s3-wg2"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-sk4-w4-s4-f1",
                       "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bm128-bn128-w8-s3"],
@@ -38,18 +39,22 @@ def _cases():
                 yield pytest.param(name, cfg, m, n, k, id=f"{name}[{cfg}]-{m}x{n}x{k}")
 
 
-def _servable(name, m, n, k):
+def _servable(name, m, n, k, cfg=""):
     platform, arch = device_platform("cuda")
     p = providers.provider(name)
     why = p.serves(platform, arch, n, k, (128, 128), torch.float8_e4m3fn)
     if why is None and not p.m_min <= m <= p.m_max:
         why = f"M={m} outside {p.m_min}-{p.m_max}"
+    if why is None and name == "cuda_decode" and any(f in cfg.split("-") for f in ("wg1", "wg2")):
+        from radiance.kernels.block_fp8_mm import unsupported_reason
+
+        why = unsupported_reason("cuda", wgmma=True)
     return why
 
 
 @pytest.mark.parametrize("name,cfg,m,n,k", list(_cases()))
 def test_provider_matches_float64_reference(name, cfg, m, n, k):
-    why = _servable(name, m, n, k)
+    why = _servable(name, m, n, k, cfg)
     if why:
         pytest.skip(why)
     q, wq, sa, sw = _operands(m, n, k)
@@ -79,11 +84,12 @@ def test_per_token_stride0_scales_equal_group_scales_bit_for_bit(name, cfg):
 
 
 @pytest.mark.parametrize("name,cfg", [("triton_splitk", "bn64-sk8-w4-s4-f1"),
-                                      ("cuda_decode", "sk8-w4-r1-s4"), ("cuda_decode", "sk4-w8-r4-s2")])
+                                      ("cuda_decode", "sk8-w4-r1-s4"), ("cuda_decode", "sk4-w8-r4-s2"),
+                                      ("cuda_decode", "sk8-w4-r4-s3-wg1")])
 def test_splitk_fixup_leaves_counters_zero_and_is_deterministic(name, cfg):
     m, n, k = 12, 4096, 4096
-    if _servable(name, m, n, k):
-        pytest.skip(_servable(name, m, n, k))
+    if _servable(name, m, n, k, cfg):
+        pytest.skip(_servable(name, m, n, k, cfg))
     q, wq, sa, sw = _operands(m, n, k)
     counters = torch.zeros(n // 16, dtype=torch.int32, device="cuda")
     first = providers.run(name, q, wq, sa, sw, torch.bfloat16, cfg, counters)

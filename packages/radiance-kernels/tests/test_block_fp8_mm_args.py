@@ -39,7 +39,14 @@ def _args(m=4, n=256, k=512, **over):
     ({"warps": 4, "row_warps": 8}, ValueError, "row_warps"),
     ({"b": torch.zeros(2064, 512, dtype=F8), "sb": torch.ones(17, 4), "row_warps": 2}, ValueError,
      "N/16=129"),
+    ({"warps": 4, "row_warps": 2, "wgmma": 1}, ValueError, "row_warps == warps"),
+    ({"warps": 8, "row_warps": 8, "stages": 4, "wgmma": 1}, ValueError, "stages 2/3 for 8 warps x 1"),
+    ({"warps": 4, "row_warps": 4, "stages": 6, "wgmma": 1}, ValueError, "wgmma=1 warps=4"),
+    ({"warps": 8, "row_warps": 8, "stages": 3, "wgmma": 2}, ValueError, "wgmma=2 warps=8"),
+    ({"warps": 4, "row_warps": 4, "stages": 4, "wgmma": 3}, ValueError, "wgmma=3"),
     ({}, ValueError, "one CUDA device"),
+    ({"warps": 8, "row_warps": 8, "stages": 3, "wgmma": 1}, ValueError, "one CUDA device"),
+    ({"warps": 8, "row_warps": 8, "stages": 2, "wgmma": 2}, ValueError, "one CUDA device"),
 ])
 def test_bad_arguments_raise_clearly(over, exc, match):
     with pytest.raises(exc, match=match):

@@ -1,6 +1,7 @@
-"""The decode block-FP8 GEMM kernel against its float64 specification on the GPU at hand: every M
-from 1 to 16, every launch variant, the three activation-scale layouts, the three output dtypes,
-CUDA-graph replay, rows past M never read, the split-K counters left zero."""
+"""The decode block-FP8 GEMM kernels (mma.sync, and wgmma on sm_90) against their float64
+specification on the GPU at hand: every M from 1 to 16, every launch variant, the three
+activation-scale layouts, the three output dtypes, CUDA-graph replay, rows past M never read, the
+split-K counters left zero."""
 
 import pytest
 import torch
@@ -18,6 +19,17 @@ def _needs_kernel():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     why = unsupported_reason("cuda")
+    if why:
+        pytest.skip(why)
+
+
+# The two kernels (wgmma: groups a ring stage, 0 for the mma.sync kernel); the wgmma one where the
+# device has warpgroup MMAs (sm_90).
+KERNELS = [pytest.param(0, id="mma_sync"), pytest.param(1, id="wgmma")]
+
+
+def _needs(wgmma: bool):
+    why = unsupported_reason("cuda", wgmma)
     if why:
         pytest.skip(why)
 
@@ -40,45 +52,100 @@ def _operands(m, n, k, seed=0):
     return a, sa, b, sb
 
 
-def _check(out, a, sa, b, sb, rel=2.0**-7):
+def _wgmma_step_columns() -> torch.Tensor:
+    """[4, 32]: the columns of a 128-column group that each k32 wgmma of the kernel multiplies
+    (K relabelled as in mma_step: step 2h + s takes bytes 8s..8s+7 of each thread's 16-byte slice
+    16q.. of half h)."""
+    return torch.tensor([[64 * (j // 2) + 16 * q + 8 * (j % 2) + i for q in range(4) for i in range(8)]
+                         for j in range(4)])
+
+
+def _wgmma_loss_bound(a, sa, b, sb) -> torch.Tensor:
+    """[M, N] upper bound of what Hopper's fp8 wgmma may lose against exact sums. Its datapath
+    (MMA-Sim, arXiv:2511.10909): per k32 instruction the 32 products and the accumulator are
+    aligned to the largest term's exponent E and each truncated to 13 fractional bits (< 2^(E-13)
+    lost a term), summed exactly, and the sum truncated to 14 significant bits. The kernel chains
+    the 4 instructions of a 128-column group and promotes the group to fp32 (times sa * sb)."""
+    m, k = a.shape
+    n, groups = b.shape[0], k // 128
+    cols = (torch.arange(groups)[:, None, None] * 128 + _wgmma_step_columns()).reshape(-1).to(a.device)
+    af = a.float()[:, cols].view(m, 1, groups, 4, 32)
+    sbn = sb.double().repeat_interleave(128, 0)[:n]
+    bound = torch.empty(m, n, dtype=torch.float64, device=a.device)
+    for n0 in range(0, n, 256):
+        prod = af * b[n0:n0 + 256].float()[:, cols].view(1, -1, groups, 4, 32)  # exact in fp32
+        top = prod.abs().amax(-1).double()
+        step = prod.double().sum(-1)
+        del prod
+        done = torch.zeros_like(step[..., 0])  # exact sum of the steps so far
+        lost = torch.zeros_like(done)
+        for j in range(4):
+            held = done.abs() + lost  # the accumulator entering step j, at most
+            e = torch.floor(torch.log2(torch.maximum(top[..., j], held).clamp_min(2.0**-60))) + 1
+            aligned = 33 * torch.exp2(e - 13)
+            done = done + step[..., j]
+            lost = lost + aligned + (done.abs() + lost + aligned) * 2.0**-13
+        scale = sa.double()[:, None, :] * sbn[n0:n0 + 256][None]
+        bound[:, n0:n0 + 256] = (lost * scale.abs()).sum(-1)
+    return bound
+
+
+def _check(out, a, sa, b, sb, rel=2.0**-7, wgmma=False):
+    """out within ``rel`` of the float64 reference (plus 1/8 of it at the output's largest value);
+    the wgmma kernel also within what the fp8 wgmma datapath may lose (_wgmma_loss_bound)."""
     ref = reference.block_fp8_mm(a, b, sa, sb, torch.float64, compute_dtype=torch.float64)
     amax = ref.abs().amax()
     tol = ref.abs() * rel + amax * rel / 8
+    if wgmma:
+        tol = tol + _wgmma_loss_bound(a, sa, b, sb)
     err = (out.double() - ref).abs()
     assert torch.isfinite(out).all()
     assert (err <= tol).all(), f"{int((err > tol).sum())} of {err.numel()} off, max {float(err.max()):.3g}"
 
 
+@pytest.mark.parametrize("wgmma", KERNELS)
 @pytest.mark.parametrize("m", range(1, 17))
-def test_every_m_matches_float64_reference(m):
+def test_every_m_matches_float64_reference(m, wgmma):
+    _needs(wgmma)
     a, sa, b, sb = _operands(m, 2048, 4096, seed=m)
-    _check(block_fp8_mm(a, b, sa, sb), a, sa, b, sb)
+    kw = {"warps": 4, "row_warps": 4, "wgmma": 1} if wgmma else {}
+    _check(block_fp8_mm(a, b, sa, sb, **kw), a, sa, b, sb, wgmma=wgmma)
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
-@pytest.mark.parametrize("warps,row_warps,stages,split", [(8, 1, 2, 1), (4, 1, 3, 4)])
-def test_large_weight_without_activation_prefetch(m, warps, row_warps, stages, split):
+@pytest.mark.parametrize("warps,row_warps,stages,split,wgmma", [
+    (8, 1, 2, 1, 0), (4, 1, 3, 4, 0), (8, 8, 3, 1, 1), (4, 4, 4, 8, 1), (8, 8, 2, 2, 2)])
+def test_large_weight_without_activation_prefetch(m, warps, row_warps, stages, split, wgmma):
     """Past 32 MiB of weight the kernel requests activations in each group's own iteration (no
     prefetch one group ahead): the other code path, checked the same way."""
+    _needs(wgmma)
     a, sa, b, sb = _operands(m, 5120, 7168, seed=100 + m)
     assert b.numel() > 32 << 20
-    _check(block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps),
-           a, sa, b, sb)
+    _check(block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps,
+                        wgmma=wgmma), a, sa, b, sb, wgmma=wgmma)
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 8, 64])
-@pytest.mark.parametrize("warps,row_warps,stages", [(4, 1, 2), (4, 1, 5), (4, 2, 3), (4, 4, 4),
-                                                    (8, 1, 2), (8, 2, 2), (8, 4, 2), (8, 8, 2)])
-@pytest.mark.parametrize("m", [1, 9])
-def test_launch_variants(split, warps, row_warps, stages, m):
-    # K = 1920: 15 groups, so no variant divides it evenly and the chunk tails are exercised.
+@pytest.mark.parametrize("warps,row_warps,stages,wgmma", [
+    (4, 1, 2, 0), (4, 1, 5, 0), (4, 2, 3, 0), (4, 4, 4, 0), (8, 1, 2, 0), (8, 2, 2, 0),
+    (8, 4, 2, 0), (8, 8, 2, 0),
+    (4, 4, 2, 1), (4, 4, 5, 1), (8, 8, 2, 1), (8, 8, 3, 1), (4, 4, 2, 2), (4, 4, 3, 2), (8, 8, 2, 2)])
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_launch_variants(split, warps, row_warps, stages, wgmma, m):
+    # K = 1920: 15 groups, so no variant divides it evenly and the tails (of a warp's groups, of
+    # the wgmma kernel's 4-group activation chunks) are exercised.
+    _needs(wgmma)
     a, sa, b, sb = _operands(m, 1024, 1920, seed=split * 10 + warps + stages + row_warps)
-    out = block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps)
-    _check(out, a, sa, b, sb)
+    out = block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps,
+                       wgmma=wgmma)
+    _check(out, a, sa, b, sb, wgmma=wgmma)
 
 
+@pytest.mark.parametrize("wgmma", KERNELS)
 @pytest.mark.parametrize("layout", ["row_major", "column_major", "per_token_stride0"])
-def test_activation_scale_layouts(layout):
+def test_activation_scale_layouts(layout, wgmma):
+    _needs(wgmma)
+    kw = {"warps": 8, "row_warps": 8, "stages": 2, "wgmma": 1} if wgmma else {}
     m, n, k = 7, 1536, 2048
     a, sa, b, sb = _operands(m, n, k)
     if layout == "column_major":
@@ -86,20 +153,26 @@ def test_activation_scale_layouts(layout):
     elif layout == "per_token_stride0":
         sa = reference.group_scales(sa[:, 0].contiguous(), m, k // 128)
         assert sa.stride(1) == 0
-    _check(block_fp8_mm(a, b, sa, sb, split=2), a, sa, b, sb)
-    assert torch.equal(block_fp8_mm(a, b, sa, sb), block_fp8_mm(a, b, sa.contiguous(), sb))
+    _check(block_fp8_mm(a, b, sa, sb, split=2, **kw), a, sa, b, sb, wgmma=wgmma)
+    assert torch.equal(block_fp8_mm(a, b, sa, sb, **kw), block_fp8_mm(a, b, sa.contiguous(), sb, **kw))
 
 
+@pytest.mark.parametrize("wgmma", KERNELS)
 @pytest.mark.parametrize("out_dtype,rel", [(torch.bfloat16, 2.0**-7), (torch.float16, 2.0**-10),
                                            (torch.float32, 2.0**-16)])
-def test_output_dtypes(out_dtype, rel):
+def test_output_dtypes(out_dtype, rel, wgmma):
+    _needs(wgmma)
+    kw = {"warps": 4, "row_warps": 4, "stages": 3, "wgmma": 1} if wgmma else {}
     a, sa, b, sb = _operands(16, 2048, 2048)
-    out = block_fp8_mm(a, b, sa, sb, out_dtype, split=4)
+    out = block_fp8_mm(a, b, sa, sb, out_dtype, split=4, **kw)
     assert out.dtype == out_dtype and out.shape == (16, 2048)
-    _check(out, a, sa, b, sb, rel)
+    _check(out, a, sa, b, sb, rel, wgmma=wgmma)
 
 
-def test_rows_past_m_and_strided_rows_are_never_read():
+@pytest.mark.parametrize("wgmma", KERNELS)
+def test_rows_past_m_and_strided_rows_are_never_read(wgmma):
+    _needs(wgmma)
+    kw = {"warps": 4, "row_warps": 4, "wgmma": 1} if wgmma else {}
     m, n, k = 5, 1024, 2048
     a, sa, b, sb = _operands(m, n, k)
     # a is a row-strided view whose padding columns and following rows are NaN codes
@@ -107,30 +180,33 @@ def test_rows_past_m_and_strided_rows_are_never_read():
     buf[:m, :k] = a
     view = buf[:m, :k]
     assert view.stride(0) == k + 256
-    out = block_fp8_mm(view, b, sa, sb)
-    _check(out, a, sa, b, sb)
+    out = block_fp8_mm(view, b, sa, sb, **kw)
+    _check(out, a, sa, b, sb, wgmma=wgmma)
 
 
-def test_cuda_graph_replay_and_counters():
+@pytest.mark.parametrize("wgmma", KERNELS)
+def test_cuda_graph_replay_and_counters(wgmma):
+    _needs(wgmma)
+    kw = {"warps": 8, "row_warps": 8, "stages": 2, "wgmma": 1} if wgmma else {}
     m, n, k = 12, 2048, 4096
     a, sa, b, sb = _operands(m, n, k)
     counters = torch.zeros(n // 16, dtype=torch.int32, device="cuda")
-    eager = block_fp8_mm(a, b, sa, sb, split=4, counters=counters)
+    eager = block_fp8_mm(a, b, sa, sb, split=4, counters=counters, **kw)
     a_in, sa_in = a.clone(), sa.clone()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        block_fp8_mm(a_in, b, sa_in, sb, split=4, counters=counters)  # warm-up outside capture
+        block_fp8_mm(a_in, b, sa_in, sb, split=4, counters=counters, **kw)  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = block_fp8_mm(a_in, b, sa_in, sb, split=4, counters=counters)
+        captured = block_fp8_mm(a_in, b, sa_in, sb, split=4, counters=counters, **kw)
     for seed in range(20):
         a2, sa2, _, _ = _operands(m, n, k, seed=100 + seed)
         a_in.copy_(a2)
         sa_in.copy_(sa2)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(captured, block_fp8_mm(a2, b, sa2, sb, split=4, counters=counters))
+        assert torch.equal(captured, block_fp8_mm(a2, b, sa2, sb, split=4, counters=counters, **kw))
     a_in.copy_(a)
     sa_in.copy_(sa)
     graph.replay()

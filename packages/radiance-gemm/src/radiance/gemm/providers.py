@@ -102,9 +102,9 @@ def _cuda_decode_available() -> str | None:
 def _run_cuda_decode(a, b, sa, sb, out_dtype, params, counters):
     from radiance.kernels.block_fp8_mm import block_fp8_mm
 
-    split, warps, rows, stages = params[:4]
+    split, warps, rows, stages, wgmma = params[:5]
     return block_fp8_mm(a, b, sa, sb, out_dtype, split, warps, stages,
-                        counters if counters.numel() > 0 else None, rows)
+                        counters if counters.numel() > 0 else None, rows, wgmma)
 
 
 # ---- PyTorch block-wise scaled_mm --------------------------------------------------------------
@@ -161,7 +161,8 @@ PROVIDERS: tuple[Provider, ...] = (
              "Triton split-K for decode sizes, weight read once"),
     Provider("cuda_decode", ("cuda",), ("sm89", "sm9", "sm10", "sm12"), (torch.float8_e4m3fn,), 1,
              16, False, True, _cuda_decode_available, _run_cuda_decode, "skauto-w4-r1-s4",
-             "radiance CUDA kernel: fp8 tensor-core MMA fed from 16-byte weight loads, split-K"),
+             "radiance CUDA kernel: fp8 tensor-core MMA (mma.sync, or wgmma on sm_90) fed from "
+             "16-byte weight loads, split-K"),
     Provider("triton_generic", ("cuda", "rocm"), None, FP8, 1, M_ANY, False, False,
              _triton_available, _run_generic, "bmauto-bn128-w4-s3",
              "Triton tiled GEMM, per-group scaling"),
@@ -189,7 +190,7 @@ def provider(name: str) -> Provider:
 # The config fields each provider reads (see parse_config); the others take no config.
 CONFIG_FIELDS: dict[str, set[str]] = {
     "triton_splitk": {"bn", "sk", "w", "s", "f"},
-    "cuda_decode": {"sk", "w", "r", "s"},
+    "cuda_decode": {"sk", "w", "r", "s", "wg"},
     "triton_generic": {"bm", "bn", "w", "s"},
 }
 
@@ -221,12 +222,14 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         from radiance.kernels.block_fp8_mm import launch_error
 
         rows, warps, stages = int(fields.get("r", 1)), int(fields.get("w", 4)), int(fields.get("s", 4))
+        wgmma = int(fields.get("wg", 0))  # G > 0: the sm_90 warpgroup-MMA kernel, G groups a stage
         sk = fields.get("sk", "auto")
         split = cuda_decode_split(n // max(rows, 1), k, sms) if sk == "auto" else int(sk)
-        why = launch_error(n, split, warps, stages, rows)
+        why = "wg must be 0, 1 or 2" if wgmma not in (0, 1, 2) else launch_error(
+            n, split, warps, stages, rows, wgmma)
         if why is not None:
             raise ValueError(f"bad cuda_decode config {config!r}: {why}")
-        return (split, warps, rows, stages, 0)
+        return (split, warps, rows, stages, wgmma)
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),
@@ -250,7 +253,7 @@ def cuda_decode_split(n: int, k: int, sms: int) -> int:
 
 def format_params(name: str, params: tuple[int, ...]) -> str:
     if name == "cuda_decode":
-        return "sk{}-w{}-r{}-s{}".format(*params[:4])
+        return "sk{}-w{}-r{}-s{}".format(*params[:4]) + (f"-wg{params[4]}" if params[4] else "")
     if name == "triton_splitk":
         return "bn{}-sk{}-w{}-s{}-f{}".format(*params[:5])
     if name == "triton_generic":

@@ -11,7 +11,12 @@ rows each; the others split the block's K range), ``split`` K ranges per block c
 more blocks on the GPU when N is small; their fp32 partials are summed by the last block to
 finish, in a fixed order, using ``counters``: int32 zeros, at least N/16, left zero) and
 ``stages`` (weight groups each warp keeps in flight through its shared-memory ring: 2-5 with 4
-warps, 2 with 8).
+warps, 2 with 8). ``wgmma=G`` (1 or 2) runs the sm_90 kernel on warpgroup MMAs (Hopper's native
+fp8 tensor-core instruction; sm_90 runs ``mma.sync`` e4m3 as f16 MMAs on widened operands) with G
+consecutive K groups a ring stage: every warp side by side (``row_warps == warps``, 64 or 128 rows
+a block); see ``WGMMA_STAGES`` for the stages each shape has. Its sums carry Hopper's fp8 tensor-core
+rounding (14 significant bits per 32-product step, promoted to fp32 every 128 columns, as in the
+block-FP8 GEMMs vLLM runs there), finer than a bf16 output's rounding but not than fp16's.
 """
 
 from __future__ import annotations
@@ -26,47 +31,67 @@ M_MAX = 16
 TILE_ROWS = 16
 GROUP = 128
 
+# (warps, groups a ring stage) -> the stages the wgmma kernel is built for (a ring of at most
+# 64 KiB of dynamic shared memory).
+WGMMA_STAGES = {(4, 1): (2, 3, 4, 5), (8, 1): (2, 3), (4, 2): (2, 3), (8, 2): (2,)}
 
-_reasons: dict[int, str | None] = {}
+
+_reasons: dict[tuple[int, bool], str | None] = {}
 
 
-def unsupported_reason(device) -> str | None:
-    """None when the kernel runs on ``device``, else why not (decided once per device)."""
+def unsupported_reason(device, wgmma: bool = False) -> str | None:
+    """None when the kernel (the wgmma one with ``wgmma``) runs on ``device``, else why not
+    (decided once per device)."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "needs a CUDA GPU"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _reasons:
-        _reasons[index] = _reason(index)
-    return _reasons[index]
+    key = (index, bool(wgmma))
+    if key not in _reasons:
+        _reasons[key] = _reason(index, bool(wgmma))
+    return _reasons[key]
 
 
-def _reason(index: int) -> str | None:
+def _reason(index: int, wgmma: bool) -> str | None:
     if torch.version.hip is not None:
         return "NVIDIA only (fp8 mma.sync); ROCm has no build of it"
     cc = torch.cuda.get_device_capability(index)
     if cc < (8, 9):
         return f"needs sm_89+ (fp8 tensor-core MMA), device is sm_{cc[0]}{cc[1]}"
+    if wgmma and cc != (9, 0):
+        return f"the wgmma kernel needs sm_90 (warpgroup MMA), device is sm_{cc[0]}{cc[1]}"
     lib = library.get(index)
     if lib is None:
         return library.why_not(index)
-    if not lib.block_fp8_mm_supported():
+    if not lib.block_fp8_mm_supported() & (2 if wgmma else 1):
         return "the library reports the device unsupported"
     return None
 
 
-def launch_error(n: int, split: int, warps: int, stages: int, row_warps: int) -> str | None:
-    """Why the kernel cannot launch this configuration for N rows, or None. The shared-memory
-    ring is warps x stages x 2 KiB, held within 40 KiB of static shared memory."""
-    if (split < 1 or warps not in (4, 8) or stages < 2 or warps * stages > 20
-            or row_warps not in (1, 2, 4, 8) or warps % row_warps or (n // TILE_ROWS) % row_warps):
-        return (f"launch split={split} warps={warps} row_warps={row_warps} stages={stages}: needs "
-                "split >= 1, warps 4 or 8, stages 2-5 (4 warps) or 2 (8), row_warps 1/2/4/8 "
-                f"dividing warps and N/16={n // TILE_ROWS}")
+def launch_error(n: int, split: int, warps: int, stages: int, row_warps: int,
+                 wgmma: int = 0) -> str | None:
+    """Why the kernel cannot launch this configuration for N rows, or None. The mma.sync
+    kernel's shared-memory ring is warps x stages x 2 KiB, held within 40 KiB of static shared
+    memory; the wgmma kernel's stages are listed in WGMMA_STAGES."""
+    if (split < 1 or warps not in (4, 8) or row_warps not in (1, 2, 4, 8) or warps % row_warps
+            or (n // TILE_ROWS) % row_warps):
+        return (f"launch split={split} warps={warps} row_warps={row_warps}: needs split >= 1, "
+                f"warps 4 or 8, row_warps 1/2/4/8 dividing warps and N/16={n // TILE_ROWS}")
+    if not wgmma and not (2 <= stages <= 5 and warps * stages <= 20):
+        return (f"launch warps={warps} stages={stages}: the mma.sync kernel takes stages 2-5 "
+                "(4 warps) or 2 (8)")
+    if wgmma:
+        built = WGMMA_STAGES.get((warps, wgmma))
+        if row_warps != warps or built is None or stages not in built:
+            return (f"launch wgmma={wgmma} warps={warps} row_warps={row_warps} stages={stages}: "
+                    "the wgmma kernel puts every warp side by side (row_warps == warps), with "
+                    + ", ".join(f"stages {'/'.join(map(str, v))} for {w} warps x {g} groups a "
+                                f"stage" for (w, g), v in WGMMA_STAGES.items()))
     return None
 
 
-def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps=1) -> None:
+def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps=1,
+               wgmma=0) -> None:
     """Every condition the kernel needs, as a TypeError/ValueError before anything launches."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn:
@@ -97,7 +122,7 @@ def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warp
             raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
     if out_dtype not in DTYPE_CODE:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    why = launch_error(n, split, warps, stages, row_warps)
+    why = launch_error(n, split, warps, stages, row_warps, wgmma)
     if why is not None:
         raise ValueError(why)
     tensors = [a, b, sa, sb] + ([counters] if counters is not None else [])
@@ -120,10 +145,10 @@ def splits_launched(k: int, split: int) -> int:
 def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                  out_dtype: torch.dtype = torch.bfloat16, split: int = 1, warps: int = 4,
                  stages: int = 4, counters: torch.Tensor | None = None,
-                 row_warps: int = 1) -> torch.Tensor:
+                 row_warps: int = 1, wgmma: int = 0) -> torch.Tensor:
     """``a [M<=16, K] fp8 @ b [N, K] fp8`` with 1x128 / 128x128 scales -> ``[M, N] out_dtype``."""
-    check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps)
-    why = unsupported_reason(a.device)
+    check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps, wgmma)
+    why = unsupported_reason(a.device, bool(wgmma))
     if why is not None:
         raise RuntimeError(f"radiance {OP} cannot run here: {why}")
     m, k = a.shape
@@ -141,7 +166,7 @@ def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.T
         b.data_ptr(), b.stride(0), sb.data_ptr(), sb.stride(0), sb.stride(1),
         c.data_ptr(), c.stride(0), DTYPE_CODE[out_dtype], m, n, k,
         partial.data_ptr() if partial is not None else None,
-        counters.data_ptr() if splits > 1 else None, splits, warps, row_warps, stages,
+        counters.data_ptr() if splits > 1 else None, splits, warps, row_warps, stages, int(wgmma),
         stream_of(a.device))
     check_code(lib, code, OP)
     return c

@@ -88,6 +88,16 @@ RAD_DEVICE void copy_async_wait() {
 #endif
 }
 
+// This thread's 4 x 16 bytes of one weight group (its rows r and r + 8, columns 16q.. of each
+// 64-column half) into its ring slot; only this thread reads them back.
+RAD_DEVICE void copy_group_async(uint4 (&dst)[4][32], int lane, const uint8_t* w_lo,
+                                 const uint8_t* w_hi, int64_t off) {
+  copy_async16(&dst[0][lane], w_lo + off);
+  copy_async16(&dst[1][lane], w_lo + off + 64);
+  copy_async16(&dst[2][lane], w_hi + off);
+  copy_async16(&dst[3][lane], w_hi + off + 64);
+}
+
 RAD_DEVICE uint4 load_shared_input(const uint8_t* p) {
 #ifdef RADIANCE_HIP
   return *reinterpret_cast<const uint4*>(p);
@@ -144,6 +154,61 @@ RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
   }
 }
 
+// One output value of the block's rows: the result, or with split K this split's fp32 partial.
+RAD_DEVICE void emit_value(const BlockFp8MmArgs& p, bool split, int n_block, int row, int token,
+                           float v) {
+  if (split) {
+    p.partial[((int64_t)blockIdx.y * p.M + token) * p.N + n_block + row] = v;
+  } else {
+    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, v);
+  }
+}
+
+// A warp's C fragments of a 16-row tile starting at block row `row0`: thread (r, q) holds rows
+// r and r + 8, tokens 8t + 2q and 8t + 2q + 1 of each 8-token tile t.
+template <int TT>
+RAD_DEVICE void emit_fragment(const BlockFp8MmArgs& p, bool split, int n_block, int row0,
+                              const float (&total)[TT][4]) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int t = 0; t < TT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = 8 * t + 2 * q + (e & 1);
+      if (token < p.M) emit_value(p, split, n_block, row0 + r + (e >= 2 ? 8 : 0), token, total[t][e]);
+    }
+}
+
+// Split K: the last block of a column tile to arrive sums the partials, in split order, and resets
+// the counter, so the counters are zero before and after every launch. Called by every thread of
+// a block after it wrote its partials. `last_block` is the calling kernel's own __shared__ flag:
+// declared here instead (one module-scope shared variable for every kernel), the mma.sync kernel
+// compiled to the same PTX otherwise yet ran 1.03-1.30x slower on the H200, same launch configs
+// timed against the previous build in one process (radiance-gemm wgmma_ab.md).
+RAD_DEVICE void combine_splits(const BlockFp8MmArgs& p, int n_block, int block_rows, int threads,
+                               int& last_block) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < block_rows * p.M; i += threads) {
+    const int token = i / block_rows, row = i % block_rows;
+    float s = 0.f;
+    for (int y = 0; y < (int)gridDim.y; ++y) {
+      const float* src = p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row;
+#ifdef RADIANCE_HIP
+      s += *reinterpret_cast<const volatile float*>(src);
+#else
+      s += __ldcg(src);  // L2: another block wrote it
+#endif
+    }
+    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
 // TT: 8-token tiles (1: M <= 8, 2: M <= 16). A block is WN x WK warps: WN warps side by side
 // along N (16 rows each, the same K range, so they read the same activation bytes, which L1
 // serves once) and WK warps along K (their sums added through shared memory). S: weight groups
@@ -179,12 +244,7 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
   uint4 (*slot)[4][32] = ring[warp];
   auto issue = [&](int i) {  // group i into ring slot i % S; an empty commit past the end
     if (i < count) {
-      const int64_t off = (int64_t)(first + i * WK) * kGroup;
-      uint4(&dst)[4][32] = slot[i % S];
-      copy_async16(&dst[0][lane], w_lo + off);
-      copy_async16(&dst[1][lane], w_lo + off + 64);
-      copy_async16(&dst[2][lane], w_hi + off);
-      copy_async16(&dst[3][lane], w_hi + off + 64);
+      copy_group_async(slot[i % S], lane, w_lo, w_hi, (int64_t)(first + i * WK) * kGroup);
     }
     copy_async_commit();
   };
@@ -277,21 +337,8 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
 
   // Sum the K-side warps (fixed order: wk = 0 first) and write the block's rows.
   const bool split = gridDim.y > 1;
-  auto emit = [&](int row, int token, float v) {
-    if (split) {
-      p.partial[((int64_t)blockIdx.y * p.M + token) * p.N + n_block + row] = v;
-    } else {
-      store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, v);
-    }
-  };
   if (WK == 1) {
-#pragma unroll
-    for (int t = 0; t < TT; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int token = 8 * t + 2 * q + (e & 1);
-        if (token < p.M) emit(wn * kTileRows + r + (e >= 2 ? 8 : 0), token, total[t][e]);
-      }
+    emit_fragment<TT>(p, split, n_block, wn * kTileRows, total);
   } else {
 #pragma unroll
     for (int t = 0; t < TT; ++t)
@@ -306,33 +353,10 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
       float v = 0.f;
 #pragma unroll
       for (int w = 0; w < WK; ++w) v += red[w][tile][slot][ln];
-      emit(tile * kTileRows + (ln >> 2) + (e >= 2 ? 8 : 0), token, v);
+      emit_value(p, split, n_block, tile * kTileRows + (ln >> 2) + (e >= 2 ? 8 : 0), token, v);
     }
   }
-  if (!split) return;
-
-  // Split K: the last block of this column tile to arrive sums the partials, in split order, and
-  // resets the counter, so the counters are zero before and after every launch.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < kBlockRows * p.M; i += kThreads) {
-    const int token = i / kBlockRows, row = i % kBlockRows;
-    float s = 0.f;
-    for (int y = 0; y < (int)gridDim.y; ++y) {
-      const float* src = p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row;
-#ifdef RADIANCE_HIP
-      s += *reinterpret_cast<const volatile float*>(src);
-#else
-      s += __ldcg(src);  // L2: another block wrote it
-#endif
-    }
-    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
-  }
-  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+  if (split) combine_splits(p, n_block, kBlockRows, kThreads, last_block);
 }
 
 template <int TT, int WN, int WK, int S>
@@ -374,15 +398,302 @@ rad_error_t launch_shaped(int warps, int row_warps, int stages, bool prefetch, d
   }
 }
 
+// ---- sm_90a: the same GEMM on warpgroup MMAs ---------------------------------------------------
+//
+// sm_90 runs mma.sync e4m3 as f16 MMAs on widened operands (see mma_e4m3); its native fp8 tensor
+// core instruction is the warpgroup MMA, wgmma m64nNk32 e4m3, with the A operand (here the weight)
+// in registers and B (the tokens) in shared memory. Each warp still owns 16 weight rows and feeds
+// them from its own cp.async ring exactly as above (the warpgroup's 4 warps: 64 consecutive rows,
+// N = 8 or 16 tokens); the tokens are staged once per block in wgmma's canonical K-major layout
+// (8 x 16-byte core matrices, no swizzle), K relabelled as in mma_step so each thread's 16 weight
+// bytes stay its own. A block is WG warpgroups side by side along N, all on the same K groups;
+// split K spreads K over blocks. Activations and their scales go through shared memory in chunks
+// of kChunkGroups groups, double-buffered: chunk c + 2 is requested into registers while chunk c
+// is multiplied and stored at its end, so one barrier a chunk is the only synchronisation.
+// Timed on the H200 against the mma.sync kernel, best launch config of each (radiance-gemm
+// benchmarks/results/wgmma_ab.md): 0.90-0.98x the time at M = 16 from 25 MB of weight, where the
+// widened MMAs of two token tiles limit the mma.sync kernel; 0.98-3.8x elsewhere, where a block
+// that reads 128 bytes of each row a group (its warps share one K range) and waits for its MMAs
+// every group loses to blocks whose warps spread along K.
+constexpr int kChunkGroups = 4;
+
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RADIANCE_WGMMA 1
+#endif
+
+RAD_DEVICE void wgmma_fence() {
+#ifdef RADIANCE_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// Wait for every wgmma this warp issued (their accumulators are read next).
+RAD_DEVICE void wgmma_commit_and_wait() {
+#ifdef RADIANCE_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// Shared-memory writes made by this thread become visible to the async proxy (wgmma's reads).
+RAD_DEVICE void fence_proxy_async_shared() {
+#ifdef RADIANCE_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Matrix descriptor of a K-major, unswizzled B tile: core matrices of 8 tokens x 16 bytes (128
+// contiguous bytes), the two 16-byte halves of a k32 step 128 bytes apart (leading byte offset),
+// token octets 256 bytes apart (stride byte offset).
+RAD_DEVICE uint64_t b_tile_descriptor(const void* smem) {
+#ifdef RADIANCE_WGMMA
+  const uint64_t addr = (uint64_t)__cvta_generic_to_shared(smem);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+#else
+  (void)smem;
+  return 0;
+#endif
+}
+
+// d (64 weight rows x 8TT tokens, this thread's C fragments) += A(64x32) * B(32 x 8TT).
+template <int TT>
+RAD_DEVICE void wgmma_e4m3(float (&d)[TT][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                           uint64_t b_desc) {
+#ifdef RADIANCE_WGMMA
+  if constexpr (TT == 1) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, 1, 1, 1;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc)
+        : "memory");
+  }
+#else
+  (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b_desc;  // never launched
+#endif
+}
+
+// Shared memory of block_fp8_mm_wgmma_kernel<TT, WG, S, G>: two activation chunks, the warps'
+// weight rings (S stages of G groups), two chunks of activation and weight scales.
+__host__ __device__ constexpr int wgmma_chunk_bytes(int tt) { return kChunkGroups * 4 * tt * 256; }
+__host__ __device__ constexpr int wgmma_smem_bytes(int tt, int wg, int s, int g) {
+  return 2 * wgmma_chunk_bytes(tt) + wg * 4 * s * g * 2048 + 2 * kChunkGroups * (8 * tt + wg) * 4;
+}
+
+// G: consecutive K groups a ring stage holds. With G = 2 each warp requests 256 contiguous bytes
+// of each of its rows at a time instead of 128.
+template <int TT, int WG, int S, int G>
+__global__ void __launch_bounds__(WG * 128) block_fp8_mm_wgmma_kernel(const BlockFp8MmArgs p) {
+#ifdef RADIANCE_WGMMA
+  constexpr int kThreads = WG * 128;
+  constexpr int kBlockRows = WG * 64;
+  constexpr int kTokens = 8 * TT;
+  constexpr int kStepBytes = TT * 256;  // one k32 step of B: TT token octets x 2 core matrices
+  constexpr int kGroupBytes = 4 * kStepBytes;
+  constexpr int kChunkBytes = wgmma_chunk_bytes(TT);
+  constexpr int kPieces = kChunkGroups * 8 * kTokens;  // 16-byte activation pieces a chunk
+  constexpr int kPerThread = kPieces / kThreads;
+  static_assert(kPieces % kThreads == 0, "a chunk's pieces spread evenly over the block");
+  static_assert(kChunkGroups * (kTokens + WG) <= kThreads, "one scale a thread per chunk");
+  static_assert(kChunkGroups % G == 0, "a ring stage never straddles two chunks");
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* xs = smem;  // [2][kChunkBytes]
+  uint4 (*ring)[S][G][4][32] = reinterpret_cast<uint4 (*)[S][G][4][32]>(smem + 2 * kChunkBytes);
+  float* sas = reinterpret_cast<float*>(smem + 2 * kChunkBytes + WG * 4 * S * G * 2048);
+  float* sbs = sas + 2 * kChunkGroups * kTokens;  // [2][kChunkGroups][WG]
+  __shared__ int last_block;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, q = lane & 3;
+  const int n_block = blockIdx.x * kBlockRows;
+  const int g_begin = blockIdx.y * p.groups_per_split;
+  const int count = max(0, min(p.groups, g_begin + p.groups_per_split) - g_begin);
+  const int chunks = (count + kChunkGroups - 1) / kChunkGroups;
+  const uint8_t* w_lo = p.b + (int64_t)(n_block + warp * kTileRows + r) * p.ldb + q * 16;
+  const uint8_t* w_hi = w_lo + 8 * p.ldb;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  uint4 (*slot)[G][4][32] = ring[warp];
+  auto issue = [&](int st) {  // groups G st.. into ring slot st % S; an empty commit past the end
+#pragma unroll
+    for (int gg = 0; gg < G; ++gg) {
+      const int i = st * G + gg;
+      if (i < count) copy_group_async(slot[st % S][gg], lane, w_lo, w_hi, (int64_t)(g_begin + i) * kGroup);
+    }
+    copy_async_commit();
+  };
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(st);
+  rad_wait_prior_grids();  // activations and scales may come from the previous kernel
+
+  // Chunk staging. Piece j of a chunk: group j / (8 kTokens), token (j / 8) % kTokens, 16-byte
+  // column slice j % 8 (consecutive threads read a token's group contiguously). Its four words
+  // land where mma_step's relabelling of K puts them: slice h*4 + qq, word w -> k32 step
+  // 2h + w/2 of the group, core matrix w % 2, bytes 4qq.. of the token's 16-byte row.
+  uint4 xr[kPerThread];
+  float scale_r = 0.f;
+  auto load_chunk = [&](int c) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int piece = threadIdx.x + j * kThreads;
+      const int slice = piece & 7, token = (piece >> 3) % kTokens, gl = piece / (8 * kTokens);
+      const int i = c * kChunkGroups + gl;
+      xr[j] = token < p.M && i < count
+                  ? load_shared_input(p.a + (int64_t)token * p.lda + (int64_t)(g_begin + i) * kGroup + slice * 16)
+                  : zero;
+    }
+    const int t = threadIdx.x;
+    if (t < kChunkGroups * kTokens) {
+      const int gl = t / kTokens, token = t % kTokens, i = c * kChunkGroups + gl;
+      scale_r = token < p.M && i < count ? p.sa[(int64_t)token * p.sa_m + (int64_t)(g_begin + i) * p.sa_g] : 0.f;
+    } else if (t < kChunkGroups * (kTokens + WG)) {
+      const int u = t - kChunkGroups * kTokens, gl = u / WG, wg = u % WG, i = c * kChunkGroups + gl;
+      scale_r = i < count ? p.sb[(int64_t)((n_block + wg * 64) / kGroup) * p.sb_n + (int64_t)(g_begin + i) * p.sb_g] : 0.f;
+    }
+  };
+  auto store_chunk = [&](int c) {
+    uint8_t* dst = xs + (c & 1) * kChunkBytes;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int piece = threadIdx.x + j * kThreads;
+      const int slice = piece & 7, token = (piece >> 3) % kTokens, gl = piece / (8 * kTokens);
+      const int h = slice >> 2, qq = slice & 3;
+      uint8_t* base = dst + gl * kGroupBytes + (token >> 3) * 256 + (token & 7) * 16 + 4 * qq;
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        *reinterpret_cast<uint32_t*>(base + (2 * h + (w >> 1)) * kStepBytes + (w & 1) * 128) = word(xr[j], w);
+    }
+    if (threadIdx.x < kChunkGroups * (kTokens + WG)) {
+      float* dst_s = threadIdx.x < kChunkGroups * kTokens
+                         ? sas + (c & 1) * kChunkGroups * kTokens + threadIdx.x
+                         : sbs + (c & 1) * kChunkGroups * WG + (threadIdx.x - kChunkGroups * kTokens);
+      *dst_s = scale_r;
+    }
+  };
+  if (chunks > 0) {
+    load_chunk(0);
+    store_chunk(0);
+    if (chunks > 1) load_chunk(1);
+  }
+  fence_proxy_async_shared();
+  __syncthreads();
+
+  float total[TT][4];
+#pragma unroll
+  for (int t = 0; t < TT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) total[t][e] = 0.f;
+
+  for (int i = 0; i < count; ++i) {
+    const int c = i / kChunkGroups, gl = i % kChunkGroups, st = i / G;
+    if (i % G == 0) {
+      issue(st + S - 1);
+      copy_async_wait<S - 1>();  // stage st has landed: at most the S - 1 newer ones are pending
+    }
+    const uint4(&src)[4][32] = slot[st % S][i % G];
+    const uint4 wl0 = src[0][lane], wl1 = src[1][lane], wh0 = src[2][lane], wh1 = src[3][lane];
+    const uint8_t* xb = xs + (c & 1) * kChunkBytes + gl * kGroupBytes;
+    float acc[TT][4];
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+    wgmma_fence();
+    // k32 steps 2h + s: words 2s, 2s + 1 of this thread's 16 bytes of half h (see mma_step).
+    wgmma_e4m3<TT>(acc, word(wl0, 0), word(wh0, 0), word(wl0, 1), word(wh0, 1), b_tile_descriptor(xb));
+    wgmma_e4m3<TT>(acc, word(wl0, 2), word(wh0, 2), word(wl0, 3), word(wh0, 3),
+                   b_tile_descriptor(xb + kStepBytes));
+    wgmma_e4m3<TT>(acc, word(wl1, 0), word(wh1, 0), word(wl1, 1), word(wh1, 1),
+                   b_tile_descriptor(xb + 2 * kStepBytes));
+    wgmma_e4m3<TT>(acc, word(wl1, 2), word(wh1, 2), word(wl1, 3), word(wh1, 3),
+                   b_tile_descriptor(xb + 3 * kStepBytes));
+    wgmma_commit_and_wait();
+    const float* sa_c = sas + (c & 1) * kChunkGroups * kTokens + gl * kTokens;
+    const float sw = sbs[(c & 1) * kChunkGroups * WG + gl * WG + warp / 4];
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      const float s0 = sa_c[8 * t + 2 * q] * sw, s1 = sa_c[8 * t + 2 * q + 1] * sw;
+      total[t][0] += acc[t][0] * s0;
+      total[t][1] += acc[t][1] * s1;
+      total[t][2] += acc[t][2] * s0;
+      total[t][3] += acc[t][3] * s1;
+    }
+    if (gl == kChunkGroups - 1 && c + 1 < chunks) {
+      // Chunk c + 1 goes into the buffer chunk c - 1 used: every thread finished reading it
+      // (wgmma waited) before the barrier that ended chunk c - 1.
+      store_chunk(c + 1);
+      if (c + 2 < chunks) load_chunk(c + 2);
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
+  }
+  copy_async_wait<0>();  // no copy may outlive the block (the trailing groups are empty)
+  rad_release_dependents();
+  const bool split = gridDim.y > 1;
+  emit_fragment<TT>(p, split, n_block, warp * kTileRows, total);
+  if (split) combine_splits(p, n_block, kBlockRows, kThreads, last_block);
+#else
+  (void)p;  // never launched: radiance_block_fp8_mm only launches it on sm_90 (sm_90a build)
+#endif
+}
+
+template <int TT, int WG, int S, int G>
+rad_error_t launch_wgmma_staged(dim3 grid, rad_stream_t s, const BlockFp8MmArgs& p) {
+#ifdef RADIANCE_HIP
+  (void)grid, (void)s, (void)p;
+  return rad_error_invalid_value;
+#else
+  constexpr int kSmem = wgmma_smem_bytes(TT, WG, S, G);
+  // Above 48 KiB a kernel must opt in to its dynamic shared memory, once per device.
+  static int opted_in[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return rad_error_invalid_value;
+  if (!opted_in[dev]) {
+    const cudaError_t e = cudaFuncSetAttribute(block_fp8_mm_wgmma_kernel<TT, WG, S, G>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return e;
+    opted_in[dev] = 1;
+  }
+  return rad_launch(block_fp8_mm_wgmma_kernel<TT, WG, S, G>, grid, dim3(WG * 128), s, p, 1, kSmem);
+#endif
+}
+
+template <int TT>
+rad_error_t launch_wgmma(int warps, int stages, int stage_groups, dim3 grid, rad_stream_t s,
+                         const BlockFp8MmArgs& p) {
+  switch ((warps * 16 + stages) * 4 + stage_groups) {
+    case (4 * 16 + 2) * 4 + 1: return launch_wgmma_staged<TT, 1, 2, 1>(grid, s, p);
+    case (4 * 16 + 3) * 4 + 1: return launch_wgmma_staged<TT, 1, 3, 1>(grid, s, p);
+    case (4 * 16 + 4) * 4 + 1: return launch_wgmma_staged<TT, 1, 4, 1>(grid, s, p);
+    case (4 * 16 + 5) * 4 + 1: return launch_wgmma_staged<TT, 1, 5, 1>(grid, s, p);
+    case (8 * 16 + 2) * 4 + 1: return launch_wgmma_staged<TT, 2, 2, 1>(grid, s, p);
+    case (8 * 16 + 3) * 4 + 1: return launch_wgmma_staged<TT, 2, 3, 1>(grid, s, p);
+    case (4 * 16 + 2) * 4 + 2: return launch_wgmma_staged<TT, 1, 2, 2>(grid, s, p);
+    case (4 * 16 + 3) * 4 + 2: return launch_wgmma_staged<TT, 1, 3, 2>(grid, s, p);
+    case (8 * 16 + 2) * 4 + 2: return launch_wgmma_staged<TT, 2, 2, 2>(grid, s, p);
+    default: return rad_error_invalid_value;
+  }
+}
+
 }  // namespace
 }  // namespace radiance
 
-// Returns 1 when this device runs radiance_block_fp8_mm (NVIDIA sm_89+: e4m3 mma.sync), else 0.
+// Which kernels of radiance_block_fp8_mm this device runs: bit 0 the mma.sync kernel (NVIDIA
+// sm_89+), bit 1 the wgmma kernel (sm_90, whose library is built for sm_90a). 0: none.
 RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 #ifdef RADIANCE_HIP
   return 0;
 #else
-  return radiance::device_compute_capability() >= 89 ? 1 : 0;
+  const int cc = radiance::device_compute_capability();
+  return (cc >= 89 ? 1 : 0) | (cc == 90 ? 2 : 0);
 #endif
 }
 
@@ -391,22 +702,28 @@ RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 // [N / (16 * row_warps)] int32 zeros); warps: 4 or 8 per block, row_warps of them side by side
 // along N (1, 2, 4 or 8, dividing warps and N / 16); stages: weight groups in flight per warp
 // (2-5 with 4 warps, 2 with 8: the ring of warps x stages x 2 KiB stays within 40 KiB).
+// wgmma = G > 0: the warpgroup-MMA kernel (sm_90 only; row_warps == warps) with G groups a ring
+// stage: G = 1 with stages 2-5 (4 warps) or 2-3 (8), G = 2 with stages 2-3 (4 warps) or 2 (8).
 // Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa, int64_t sa_m,
                                      int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                      int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
                                      int out_dtype, int64_t M, int64_t N, int64_t K, float* partial,
                                      int* counters, int split, int warps, int row_warps, int stages,
-                                     void* stream) {
+                                     int wgmma, void* stream) {
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
-  if (!radiance_block_fp8_mm_supported()) return bad;
+  const int supported = radiance_block_fp8_mm_supported();
+  if (!(supported & (wgmma ? 2 : 1)) || wgmma < 0 || wgmma > 2) return bad;
   if (M < 1 || M > 16 || N < kTileRows || N % kTileRows || K < kGroup || K % kGroup) return bad;
   if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
   if (!a || !b || !sa || !sb || !c || lda % 16 || ldb % 16 || lda < K || ldb < K || ldc < N) return bad;
   if ((uintptr_t)a % 16 || (uintptr_t)b % 16) return bad;
-  if ((warps != 4 && warps != 8) || stages < 2 || warps * stages > 20) return bad;  // ring <= 40 KiB
+  // The ring: <= 40 KiB static (mma.sync kernel); the wgmma kernel's launcher refuses what it
+  // has no instance of (at most 64 KiB of dynamic ring).
+  if ((warps != 4 && warps != 8) || stages < 2 || stages > 5 || (!wgmma && warps * stages > 20)) return bad;
   if (row_warps < 1 || warps % row_warps || (N / kTileRows) % row_warps) return bad;
+  if (wgmma && row_warps != warps) return bad;
   const int groups = (int)(K / kGroup);
   if (split < 1) return bad;
   const int per_split = (groups + split - 1) / split;
@@ -425,6 +742,10 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   p.out_dtype = out_dtype;
   const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
+  if (wgmma) {
+    return (int)(M <= 8 ? launch_wgmma<1>(warps, stages, wgmma, grid, s, p)
+                        : launch_wgmma<2>(warps, stages, wgmma, grid, s, p));
+  }
   const bool prefetch = N * K <= kPrefetchMaxBytes;
   return (int)(M <= 8 ? launch_shaped<1>(warps, row_warps, stages, prefetch, grid, s, p)
                       : launch_shaped<2>(warps, row_warps, stages, prefetch, grid, s, p));

@@ -239,24 +239,24 @@ int device_compute_capability();  // 90 for sm_90; 0 on HIP or when unknown (abi
 }
 
 // `cluster` > 1 launches clusters of that many consecutive blocks (sm_90+; gridDim.x must be a
-// multiple of it). HIP has no clusters: callers pass 1 there.
+// multiple of it). HIP has no clusters: callers pass 1 there. `smem`: dynamic shared memory bytes.
 template <typename Arg>
 inline rad_error_t rad_launch(void (*kernel)(Arg), dim3 grid, dim3 block, rad_stream_t stream,
-                              const Arg& arg, int cluster = 1) {
+                              const Arg& arg, int cluster = 1, size_t smem = 0) {
 #ifdef RADIANCE_HIP
   if (cluster != 1) return hipErrorInvalidValue;
-  kernel<<<grid, block, 0, stream>>>(arg);
+  kernel<<<grid, block, smem, stream>>>(arg);
   return hipGetLastError();
 #else
   const bool pdl = radiance::pdl_enabled();
   if (!pdl && cluster == 1) {
-    kernel<<<grid, block, 0, stream>>>(arg);
+    kernel<<<grid, block, smem, stream>>>(arg);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
