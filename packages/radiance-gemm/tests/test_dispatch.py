@@ -101,6 +101,35 @@ def test_table_rows_are_kept_per_provider_and_m_limited_ones_keep_their_bound(mo
         (1, "triton_splitk"), (4, "triton_splitk"), (providers.M_ANY, "torch_blockwise")]
 
 
+def test_wgmma_flag_swaps_the_tables_wgmma_configs_for_the_mma_sync_kernel(monkeypatch):
+    table = {"arch": "sm90", "shapes": {
+        "12288x2048": [[8, "cuda_decode", "skauto-w8-r2-s2"], [16, "cuda_decode", "skauto-w4-r4-s4-wg1"],
+                       [2048, "torch_blockwise", ""]]}}
+    monkeypatch.setattr(dispatch, "load_table", lambda arch: table if arch == "sm90" else None)
+    decode = providers.provider("cuda_decode")  # its availability needs a GPU; the plan does not
+    idx = providers.PROVIDER_INDEX["cuda_decode"]
+    monkeypatch.setattr(providers, "PROVIDERS", providers.PROVIDERS[:idx] + (
+        providers.Provider(**{**decode.__dict__, "available": lambda: None}),) + providers.PROVIDERS[idx + 1:])
+    monkeypatch.setattr(dispatch, "PROVIDERS", providers.PROVIDERS)
+
+    def decode_entries():
+        route = dispatch.plan("cuda", "sm90", 12288, 2048, sms=132)
+        w = dispatch.ROUTE_WIDTH
+        return [(route[i], providers.format_params("cuda_decode", tuple(route[i + 2:i + w])))
+                for i in range(0, len(route), w)
+                if providers.PROVIDERS[route[i + 1]].name == "cuda_decode"]
+
+    on = decode_entries()
+    assert on[-1][0] == 16 and on[-1][1].endswith("-wg1")
+    monkeypatch.setenv("RADIANCE_GEMM_WGMMA", "0")
+    off = decode_entries()
+    assert [m for m, _ in off] == [8, 16] and not any("-wg" in cfg for _, cfg in off)
+    assert off[1][1] == providers.format_params("cuda_decode", providers.parse_config(
+        "cuda_decode", providers.provider("cuda_decode").default_config, 12288, 2048, 132))
+    rows = [r for r in registry.selections() if r["query"].get("N") == 12288]
+    assert "RADIANCE_GEMM_WGMMA=0" in rows[-1]["reason"]
+
+
 def test_unknown_exclude_name_and_bad_configs_raise(monkeypatch):
     monkeypatch.setenv("RADIANCE_GEMM_EXCLUDE", "torch-blockwise")
     with pytest.raises(ValueError, match="unknown providers"):

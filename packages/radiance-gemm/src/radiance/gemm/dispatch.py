@@ -4,7 +4,8 @@
 ``ROUTE_WIDTH`` per entry, ``(m_max, provider index, *launch params)``, entries in increasing
 ``m_max``, the last one open-ended. It consults, in order: RADIANCE_GEMM_PROVIDER (force one),
 RADIANCE_GEMM_EXCLUDE, RADIANCE_PRESHUFFLE, the measured per-arch table in ``tables/<arch>.json``
-(nearest measured shape), and a built-in default. Every decision is written to the radiance
+(nearest measured shape; RADIANCE_GEMM_WGMMA=0 swaps its wgmma-kernel configs for the mma.sync
+kernel), and a built-in default. Every decision is written to the radiance
 registry then, so the selection report lists which provider serves which (N, K, M range).
 
 ``run_route`` is the per-call part: plain comparisons of M against the route's bounds, no
@@ -19,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 from functools import cache
 from importlib import resources
 
@@ -47,6 +49,21 @@ def preshuffle_enabled() -> bool:
     """RADIANCE_PRESHUFFLE (default 0): route 128x128-block layers on ROCm to AITER's preshuffle
     GEMM, which shuffles their weights at load. Off until it is measured on the target card."""
     return os.environ.get("RADIANCE_PRESHUFFLE", "0") == "1"
+
+
+def wgmma_enabled() -> bool:
+    """RADIANCE_GEMM_WGMMA (default 1): 0 serves the table's points routed to cuda_decode's wgmma
+    kernel with its mma.sync kernel instead (provider default config). The wgmma kernel's sums
+    carry Hopper's fp8 tensor-core rounding (14 significant bits a 32-product step): below a bf16
+    output's rounding, not below an fp16 output's."""
+    return os.environ.get("RADIANCE_GEMM_WGMMA", "1") != "0"
+
+
+def _without_wgmma(name: str, cfg: str) -> str:
+    """``cfg`` unless it selects cuda_decode's wgmma kernel; then the provider's default config."""
+    if name == "cuda_decode" and any(re.fullmatch(r"wg[1-9]\d*", f) for f in cfg.split("-")):
+        return PROVIDERS[PROVIDER_INDEX[name]].default_config
+    return cfg
 
 
 @cache
@@ -154,12 +171,16 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
         if table is not None:
             key = _nearest_shape(table["shapes"], n, k)
             rows = [(int(m), name, cfg) for m, name, cfg in table["shapes"][key]]
+            if not wgmma_enabled():
+                rows = [(m, name, _without_wgmma(name, cfg)) for m, name, cfg in rows]
             # A row whose provider cannot run here is dropped: the next row up serves its M too.
             kept = [row for row in rows if row[1] in usable]
             missing = sorted({name for _, name, _ in rows if name not in usable})
             if kept:
                 entries = _above_measured(kept, _default_plan(platform, arch, usable))
                 source = f"table {arch} (measured {key})"
+                if not wgmma_enabled():
+                    source += ", wgmma kernel off (RADIANCE_GEMM_WGMMA=0)"
                 if missing:
                     source += f" without unusable {', '.join(missing)}"
             else:
