@@ -170,16 +170,16 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
         table = load_table(arch) if platform != "cpu" else None
         if table is not None:
             key = _nearest_shape(table["shapes"], n, k)
-            rows = [(int(m), name, cfg) for m, name, cfg in table["shapes"][key]]
-            if not wgmma_enabled():
-                rows = [(m, name, _without_wgmma(name, cfg)) for m, name, cfg in rows]
+            wgmma = wgmma_enabled()
+            rows = [(int(m), name, cfg if wgmma else _without_wgmma(name, cfg))
+                    for m, name, cfg in table["shapes"][key]]
             # A row whose provider cannot run here is dropped: the next row up serves its M too.
             kept = [row for row in rows if row[1] in usable]
             missing = sorted({name for _, name, _ in rows if name not in usable})
             if kept:
                 entries = _above_measured(kept, _default_plan(platform, arch, usable))
                 source = f"table {arch} (measured {key})"
-                if not wgmma_enabled():
+                if not wgmma:
                     source += ", wgmma kernel off (RADIANCE_GEMM_WGMMA=0)"
                 if missing:
                     source += f" without unusable {', '.join(missing)}"

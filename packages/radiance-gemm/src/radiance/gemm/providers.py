@@ -225,8 +225,7 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         wgmma = int(fields.get("wg", 0))  # G > 0: the sm_90 warpgroup-MMA kernel, G groups a stage
         sk = fields.get("sk", "auto")
         split = cuda_decode_split(n // max(rows, 1), k, sms) if sk == "auto" else int(sk)
-        why = "wg must be 0, 1 or 2" if wgmma not in (0, 1, 2) else launch_error(
-            n, split, warps, stages, rows, wgmma)
+        why = launch_error(n, split, warps, stages, rows, wgmma)
         if why is not None:
             raise ValueError(f"bad cuda_decode config {config!r}: {why}")
         return (split, warps, rows, stages, wgmma)
