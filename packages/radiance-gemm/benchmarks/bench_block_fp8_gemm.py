@@ -76,6 +76,9 @@ VARIANTS = {
                     "skauto-w8-r8-s3-wg1", "sk4-w8-r8-s3-wg1", "sk8-w8-r8-s2-wg1",
                     # ... with 2 groups (256 contiguous bytes of each row) a ring stage
                     "skauto-w4-r4-s3-wg2", "sk4-w4-r4-s3-wg2", "sk4-w8-r8-s2-wg2"],
+    # the sm_90 kernel whose weight tiles the tensor memory accelerator streams
+    "cuda_tma": ["skauto-s4", "skauto-s6", "skauto-s8", "skauto-s12", "sk1-s8", "sk2-s8", "sk4-s8",
+                 "sk8-s6"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-skauto-w4-s4-f1",
                       "bn128-skauto-w4-s3-f1", "bn32-skauto-w2-s6-f1", "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bmauto-bn64-w4-s4", "bm128-bn128-w8-s3"],
@@ -150,6 +153,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes, M in {1, 8, 128}")
     ap.add_argument("--providers", default="", help="comma-separated subset of providers to run")
     ap.add_argument("--m", default="", help="comma-separated M values instead of the full list")
+    ap.add_argument("--shapes", default="", help="comma-separated NxK subset of the shapes")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
@@ -179,6 +183,11 @@ def main() -> int:
     if args.quick:
         shapes = dict(list(shapes.items())[:2])
         m_values = (1, 8, 128)
+    if args.shapes:
+        wanted_shapes = {tuple(map(int, v.split("x"))) for v in args.shapes.split(",")}
+        if wanted_shapes - set(shapes):
+            raise SystemExit(f"unknown shapes {sorted(wanted_shapes - set(shapes))}")
+        shapes = {nk: where for nk, where in shapes.items() if nk in wanted_shapes}
     if args.m:
         m_values = tuple(int(v) for v in args.m.split(","))
     wanted = set(filter(None, args.providers.split(",")))

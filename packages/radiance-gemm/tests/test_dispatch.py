@@ -101,31 +101,37 @@ def test_table_rows_are_kept_per_provider_and_m_limited_ones_keep_their_bound(mo
         (1, "triton_splitk"), (4, "triton_splitk"), (providers.M_ANY, "torch_blockwise")]
 
 
-def test_wgmma_flag_swaps_the_tables_wgmma_configs_for_the_mma_sync_kernel(monkeypatch):
+def test_wgmma_flag_swaps_the_tables_warpgroup_mma_points_for_the_mma_sync_kernel(monkeypatch):
     table = {"arch": "sm90", "shapes": {
-        "12288x2048": [[8, "cuda_decode", "skauto-w8-r2-s2"], [16, "cuda_decode", "skauto-w4-r4-s4-wg1"],
-                       [2048, "torch_blockwise", ""]]}}
+        "12288x2048": [[4, "cuda_tma", "sk2-s8"], [8, "cuda_decode", "skauto-w8-r2-s2"],
+                       [16, "cuda_decode", "skauto-w4-r4-s4-wg1"], [2048, "torch_blockwise", ""]]}}
     monkeypatch.setattr(dispatch, "load_table", lambda arch: table if arch == "sm90" else None)
-    decode = providers.provider("cuda_decode")  # its availability needs a GPU; the plan does not
-    idx = providers.PROVIDER_INDEX["cuda_decode"]
-    monkeypatch.setattr(providers, "PROVIDERS", providers.PROVIDERS[:idx] + (
-        providers.Provider(**{**decode.__dict__, "available": lambda: None}),) + providers.PROVIDERS[idx + 1:])
+    # their availability needs a GPU; the plan does not
+    patched = list(providers.PROVIDERS)
+    for name in ("cuda_decode", "cuda_tma"):
+        idx = providers.PROVIDER_INDEX[name]
+        patched[idx] = providers.Provider(**{**patched[idx].__dict__, "available": lambda: None})
+    monkeypatch.setattr(providers, "PROVIDERS", tuple(patched))
     monkeypatch.setattr(dispatch, "PROVIDERS", providers.PROVIDERS)
 
     def decode_entries():
         route = dispatch.plan("cuda", "sm90", 12288, 2048, sms=132)
         w = dispatch.ROUTE_WIDTH
-        return [(route[i], providers.format_params("cuda_decode", tuple(route[i + 2:i + w])))
-                for i in range(0, len(route), w)
-                if providers.PROVIDERS[route[i + 1]].name == "cuda_decode"]
+        out = []
+        for i in range(0, len(route), w):
+            name = providers.PROVIDERS[route[i + 1]].name
+            if name.startswith("cuda_"):
+                out.append((route[i], name, providers.format_params(name, tuple(route[i + 2:i + w]))))
+        return out
 
     on = decode_entries()
-    assert on[-1][0] == 16 and on[-1][1].endswith("-wg1")
+    assert on[0] == (4, "cuda_tma", "sk2-s8") and on[-1][0] == 16 and on[-1][2].endswith("-wg1")
     monkeypatch.setenv("RADIANCE_GEMM_WGMMA", "0")
     off = decode_entries()
-    assert [m for m, _ in off] == [8, 16] and not any("-wg" in cfg for _, cfg in off)
-    assert off[1][1] == providers.format_params("cuda_decode", providers.parse_config(
+    default = providers.format_params("cuda_decode", providers.parse_config(
         "cuda_decode", providers.provider("cuda_decode").default_config, 12288, 2048, 132))
+    assert off == [(4, "cuda_decode", default), (8, "cuda_decode", "sk1-w8-r2-s2"),
+                   (16, "cuda_decode", default)]
     rows = [r for r in registry.selections() if r["query"].get("N") == 12288]
     assert "RADIANCE_GEMM_WGMMA=0" in rows[-1]["reason"]
 
@@ -227,6 +233,24 @@ def test_cuda_decode_auto_split_fills_about_two_blocks_per_sm(n, k, want):
     assert (split, warps, rows, stages) == (want, 4, 1, 4)
     assert (n // 16) * split <= 2 * 132 or split == 1
     assert split <= k // 128  # never an empty K range
+
+
+@pytest.mark.parametrize("n,k,stages,want", [(12288, 2048, 8, 1), (5120, 5120, 8, 3),
+                                             (2048, 4096, 8, 8), (512, 2048, 4, 8),
+                                             (51200, 5120, 8, 1), (2048, 256, 8, 1)])
+def test_cuda_tma_auto_split_fills_one_wave(n, k, stages, want):
+    split, got_stages, *_ = providers.parse_config("cuda_tma", f"skauto-s{stages}", n, k, 132)
+    assert (split, got_stages) == (want, stages)
+    assert split <= k // 256 or split == 1  # each K range at least two groups
+
+
+def test_cuda_tma_config_round_trips():
+    params = providers.parse_config("cuda_tma", "sk4-s12", 4096, 4096, 132)
+    assert params == (4, 12, 0, 0, 0)
+    assert providers.format_params("cuda_tma", params) == "sk4-s12"
+    for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8"):
+        with pytest.raises(ValueError, match="cuda_tma config"):
+            providers.parse_config("cuda_tma", bad, 4096, 4096, 132)
 
 
 def test_cuda_decode_config_round_trips():

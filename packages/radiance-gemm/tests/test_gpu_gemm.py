@@ -15,6 +15,7 @@ SHAPES = [(1, 2048, 4096), (2, 1024, 2048), (5, 2000, 1536), (8, 4096, 2048), (1
 CONFIGS = {
     "cuda_decode": ["skauto-w4-r1-s4", "sk1-w8-r1-s2", "sk4-w4-r4-s5", "sk1-w8-r8-s2", "sk2-w4-r2-s3",
                     "skauto-w4-r4-s4-wg1", "sk3-w8-r8-s3-wg1", "sk2-w4-r4-s3-wg2"],
+    "cuda_tma": ["skauto-s8", "sk1-s4", "sk3-s6", "sk16-s12"],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-sk4-w4-s4-f1",
                       "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bm128-bn128-w8-s3"],
@@ -48,7 +49,7 @@ def _servable(name, m, n, k, cfg=""):
     if why is None and name == "cuda_decode" and any(f in cfg.split("-") for f in ("wg1", "wg2")):
         from radiance.kernels.block_fp8_mm import unsupported_reason
 
-        why = unsupported_reason("cuda", wgmma=True)
+        why = unsupported_reason("cuda", "wgmma")
     return why
 
 
@@ -66,7 +67,7 @@ def test_provider_matches_float64_reference(name, cfg, m, n, k):
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} off; max err {float(err.max()):.4g}"
 
 
-@pytest.mark.parametrize("name,cfg", [("cuda_decode", "sk2-w4-r2-s4"),
+@pytest.mark.parametrize("name,cfg", [("cuda_decode", "sk2-w4-r2-s4"), ("cuda_tma", "sk2-s8"),
                                       ("triton_splitk", "bn64-skauto-w4-s4-f1"),
                                       ("triton_generic", "bmauto-bn128-w4-s3"),
                                       ("torch_blockwise", "")])
@@ -85,7 +86,7 @@ def test_per_token_stride0_scales_equal_group_scales_bit_for_bit(name, cfg):
 
 @pytest.mark.parametrize("name,cfg", [("triton_splitk", "bn64-sk8-w4-s4-f1"),
                                       ("cuda_decode", "sk8-w4-r1-s4"), ("cuda_decode", "sk4-w8-r4-s2"),
-                                      ("cuda_decode", "sk8-w4-r4-s3-wg1")])
+                                      ("cuda_decode", "sk8-w4-r4-s3-wg1"), ("cuda_tma", "sk8-s6")])
 def test_splitk_fixup_leaves_counters_zero_and_is_deterministic(name, cfg):
     m, n, k = 12, 4096, 4096
     if _servable(name, m, n, k, cfg):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from radiance.kernels.block_fp8_mm import check_args, splits_launched
+from radiance.kernels.block_fp8_mm import block_fp8_mm_tma, check_args, splits_launched
 
 F8 = torch.float8_e4m3fn
 
@@ -51,6 +51,18 @@ def _args(m=4, n=256, k=512, **over):
 def test_bad_arguments_raise_clearly(over, exc, match):
     with pytest.raises(exc, match=match):
         check_args(**_args(**over))
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"b": torch.zeros(336, 512, dtype=F8), "sb": torch.ones(3, 4)}, "N=336 must be a multiple of 64"),
+    ({"stages": 5}, "stages 4/6/8/12"),
+    ({"split": 0}, "split >= 1"),
+    ({}, "one CUDA device"),
+])
+def test_tma_kernel_bad_arguments_raise_clearly(over, match):
+    args = {k: v for k, v in _args(**over).items() if k not in ("warps",)}
+    with pytest.raises(ValueError, match=match):
+        block_fp8_mm_tma(**args)
 
 
 def test_misaligned_rows_are_refused():

@@ -1,4 +1,4 @@
-"""The decode block-FP8 GEMM kernels (mma.sync, and wgmma on sm_90) against their float64
+"""The decode block-FP8 GEMM kernels (mma.sync; wgmma and TMA on sm_90) against their float64
 specification on the GPU at hand: every M from 1 to 16, every launch variant, the three
 activation-scale layouts, the three output dtypes, CUDA-graph replay, rows past M never read, the
 split-K counters left zero."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radiance.kernels import reference
-from radiance.kernels.block_fp8_mm import block_fp8_mm, unsupported_reason
+from radiance.kernels.block_fp8_mm import block_fp8_mm, block_fp8_mm_tma, unsupported_reason
 
 pytestmark = pytest.mark.gpu
 
@@ -23,15 +23,24 @@ def _needs_kernel():
         pytest.skip(why)
 
 
-# The two kernels (wgmma: groups a ring stage, 0 for the mma.sync kernel); the wgmma one where the
-# device has warpgroup MMAs (sm_90).
-KERNELS = [pytest.param(0, id="mma_sync"), pytest.param(1, id="wgmma")]
+# The three kernels; wgmma and tma where the device has warpgroup MMAs (sm_90).
+KERNELS = ["mma_sync", "wgmma", "tma"]
 
 
-def _needs(wgmma: bool):
-    why = unsupported_reason("cuda", wgmma)
+def _needs(kernel: str):
+    why = unsupported_reason("cuda", kernel)
     if why:
         pytest.skip(why)
+
+
+def _run(kernel: str, a, b, sa, sb, out_dtype=torch.bfloat16, split=1, counters=None, **launch):
+    """One kernel's product; ``launch`` overrides its default launch config (the mma.sync
+    kernel's own, one warpgroup of 4 warps for wgmma, 8 stages for tma)."""
+    if kernel == "tma":
+        return block_fp8_mm_tma(a, b, sa, sb, out_dtype, split=split, counters=counters, **launch)
+    if kernel == "wgmma":
+        launch = {"warps": 4, "row_warps": 4, "wgmma": 1, **launch}
+    return block_fp8_mm(a, b, sa, sb, out_dtype, split=split, counters=counters, **launch)
 
 
 def _quantize(x: torch.Tensor, rows: int, cols: int):
@@ -52,15 +61,17 @@ def _operands(m, n, k, seed=0):
     return a, sa, b, sb
 
 
-def _wgmma_step_columns() -> torch.Tensor:
-    """[4, 32]: the columns of a 128-column group that each k32 wgmma of the kernel multiplies
-    (K relabelled as in mma_step: step 2h + s takes bytes 8s..8s+7 of each thread's 16-byte slice
-    16q.. of half h)."""
+def _wgmma_step_columns(kernel: str) -> torch.Tensor:
+    """[4, 32]: the columns of a 128-column group that each k32 wgmma of the kernel multiplies:
+    in order for the TMA kernel; for the wgmma kernel K relabelled as in mma_step (step 2h + s
+    takes bytes 8s..8s+7 of each thread's 16-byte slice 16q.. of half h)."""
+    if kernel == "tma":
+        return torch.arange(128).view(4, 32)
     return torch.tensor([[64 * (j // 2) + 16 * q + 8 * (j % 2) + i for q in range(4) for i in range(8)]
                          for j in range(4)])
 
 
-def _wgmma_loss_bound(a, sa, b, sb) -> torch.Tensor:
+def _wgmma_loss_bound(a, sa, b, sb, kernel: str) -> torch.Tensor:
     """[M, N] upper bound of what Hopper's fp8 wgmma may lose against exact sums. Its datapath
     (MMA-Sim, arXiv:2511.10909): per k32 instruction the 32 products and the accumulator are
     aligned to the largest term's exponent E and each truncated to 13 fractional bits (< 2^(E-13)
@@ -68,7 +79,7 @@ def _wgmma_loss_bound(a, sa, b, sb) -> torch.Tensor:
     the 4 instructions of a 128-column group and promotes the group to fp32 (times sa * sb)."""
     m, k = a.shape
     n, groups = b.shape[0], k // 128
-    cols = (torch.arange(groups)[:, None, None] * 128 + _wgmma_step_columns()).reshape(-1).to(a.device)
+    cols = (torch.arange(groups)[:, None, None] * 128 + _wgmma_step_columns(kernel)).reshape(-1).to(a.device)
     af = a.float()[:, cols].view(m, 1, groups, 4, 32)
     sbn = sb.double().repeat_interleave(128, 0)[:n]
     bound = torch.empty(m, n, dtype=torch.float64, device=a.device)
@@ -90,26 +101,26 @@ def _wgmma_loss_bound(a, sa, b, sb) -> torch.Tensor:
     return bound
 
 
-def _check(out, a, sa, b, sb, rel=2.0**-7, wgmma=False):
+def _check(out, a, sa, b, sb, rel=2.0**-7, kernel="mma_sync"):
     """out within ``rel`` of the float64 reference (plus 1/8 of it at the output's largest value);
-    the wgmma kernel also within what the fp8 wgmma datapath may lose (_wgmma_loss_bound)."""
+    the wgmma and TMA kernels also within what the fp8 wgmma datapath may lose
+    (_wgmma_loss_bound)."""
     ref = reference.block_fp8_mm(a, b, sa, sb, torch.float64, compute_dtype=torch.float64)
     amax = ref.abs().amax()
     tol = ref.abs() * rel + amax * rel / 8
-    if wgmma:
-        tol = tol + _wgmma_loss_bound(a, sa, b, sb)
+    if kernel != "mma_sync":
+        tol = tol + _wgmma_loss_bound(a, sa, b, sb, kernel)
     err = (out.double() - ref).abs()
     assert torch.isfinite(out).all()
     assert (err <= tol).all(), f"{int((err > tol).sum())} of {err.numel()} off, max {float(err.max()):.3g}"
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("m", range(1, 17))
-def test_every_m_matches_float64_reference(m, wgmma):
-    _needs(wgmma)
+def test_every_m_matches_float64_reference(m, kernel):
+    _needs(kernel)
     a, sa, b, sb = _operands(m, 2048, 4096, seed=m)
-    kw = {"warps": 4, "row_warps": 4, "wgmma": 1} if wgmma else {}
-    _check(block_fp8_mm(a, b, sa, sb, **kw), a, sa, b, sb, wgmma=wgmma)
+    _check(_run(kernel, a, b, sa, sb), a, sa, b, sb, kernel=kernel)
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
@@ -118,11 +129,12 @@ def test_every_m_matches_float64_reference(m, wgmma):
 def test_large_weight_without_activation_prefetch(m, warps, row_warps, stages, split, wgmma):
     """Past 32 MiB of weight the kernel requests activations in each group's own iteration (no
     prefetch one group ahead): the other code path, checked the same way."""
-    _needs(wgmma)
+    kernel = "wgmma" if wgmma else "mma_sync"
+    _needs(kernel)
     a, sa, b, sb = _operands(m, 5120, 7168, seed=100 + m)
     assert b.numel() > 32 << 20
     _check(block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps,
-                        wgmma=wgmma), a, sa, b, sb, wgmma=wgmma)
+                        wgmma=wgmma), a, sa, b, sb, kernel=kernel)
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 8, 64])
@@ -134,18 +146,38 @@ def test_large_weight_without_activation_prefetch(m, warps, row_warps, stages, s
 def test_launch_variants(split, warps, row_warps, stages, wgmma, m):
     # K = 1920: 15 groups, so no variant divides it evenly and the tails (of a warp's groups, of
     # the wgmma kernel's 4-group activation chunks) are exercised.
-    _needs(wgmma)
+    kernel = "wgmma" if wgmma else "mma_sync"
+    _needs(kernel)
     a, sa, b, sb = _operands(m, 1024, 1920, seed=split * 10 + warps + stages + row_warps)
     out = block_fp8_mm(a, b, sa, sb, split=split, warps=warps, stages=stages, row_warps=row_warps,
                        wgmma=wgmma)
-    _check(out, a, sa, b, sb, wgmma=wgmma)
+    _check(out, a, sa, b, sb, kernel=kernel)
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
+@pytest.mark.parametrize("split", [1, 2, 3, 8, 64])
+@pytest.mark.parametrize("stages", [4, 6, 8, 12])
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_tma_launch_variants(split, stages, m):
+    # K = 1920: 15 groups, so the ring wraps a partial number of times and splits are uneven;
+    # N = 1152: 18 blocks of 64 rows, two to each 128-row weight scale.
+    _needs("tma")
+    a, sa, b, sb = _operands(m, 1152, 1920, seed=split * 10 + stages)
+    _check(block_fp8_mm_tma(a, b, sa, sb, split=split, stages=stages), a, sa, b, sb, kernel="tma")
+
+
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
+def test_tma_large_weight(m):
+    """A 37 MB weight, every group of a long K range through a ring that wraps many times."""
+    _needs("tma")
+    a, sa, b, sb = _operands(m, 5120, 7168, seed=200 + m)
+    _check(block_fp8_mm_tma(a, b, sa, sb, split=2, stages=6), a, sa, b, sb, kernel="tma")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("layout", ["row_major", "column_major", "per_token_stride0"])
-def test_activation_scale_layouts(layout, wgmma):
-    _needs(wgmma)
-    kw = {"warps": 8, "row_warps": 8, "stages": 2, "wgmma": 1} if wgmma else {}
+def test_activation_scale_layouts(layout, kernel):
+    _needs(kernel)
+    kw = {"warps": 8, "row_warps": 8, "stages": 2} if kernel == "wgmma" else {}
     m, n, k = 7, 1536, 2048
     a, sa, b, sb = _operands(m, n, k)
     if layout == "column_major":
@@ -153,26 +185,25 @@ def test_activation_scale_layouts(layout, wgmma):
     elif layout == "per_token_stride0":
         sa = reference.group_scales(sa[:, 0].contiguous(), m, k // 128)
         assert sa.stride(1) == 0
-    _check(block_fp8_mm(a, b, sa, sb, split=2, **kw), a, sa, b, sb, wgmma=wgmma)
-    assert torch.equal(block_fp8_mm(a, b, sa, sb, **kw), block_fp8_mm(a, b, sa.contiguous(), sb, **kw))
+    _check(_run(kernel, a, b, sa, sb, split=2, **kw), a, sa, b, sb, kernel=kernel)
+    assert torch.equal(_run(kernel, a, b, sa, sb, **kw), _run(kernel, a, b, sa.contiguous(), sb, **kw))
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("out_dtype,rel", [(torch.bfloat16, 2.0**-7), (torch.float16, 2.0**-10),
                                            (torch.float32, 2.0**-16)])
-def test_output_dtypes(out_dtype, rel, wgmma):
-    _needs(wgmma)
-    kw = {"warps": 4, "row_warps": 4, "stages": 3, "wgmma": 1} if wgmma else {}
+def test_output_dtypes(out_dtype, rel, kernel):
+    _needs(kernel)
+    kw = {"stages": 3} if kernel == "wgmma" else {}
     a, sa, b, sb = _operands(16, 2048, 2048)
-    out = block_fp8_mm(a, b, sa, sb, out_dtype, split=4, **kw)
+    out = _run(kernel, a, b, sa, sb, out_dtype, split=4, **kw)
     assert out.dtype == out_dtype and out.shape == (16, 2048)
-    _check(out, a, sa, b, sb, rel, wgmma=wgmma)
+    _check(out, a, sa, b, sb, rel, kernel=kernel)
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
-def test_rows_past_m_and_strided_rows_are_never_read(wgmma):
-    _needs(wgmma)
-    kw = {"warps": 4, "row_warps": 4, "wgmma": 1} if wgmma else {}
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rows_past_m_and_strided_rows_are_never_read(kernel):
+    _needs(kernel)
     m, n, k = 5, 1024, 2048
     a, sa, b, sb = _operands(m, n, k)
     # a is a row-strided view whose padding columns and following rows are NaN codes
@@ -180,33 +211,33 @@ def test_rows_past_m_and_strided_rows_are_never_read(wgmma):
     buf[:m, :k] = a
     view = buf[:m, :k]
     assert view.stride(0) == k + 256
-    out = block_fp8_mm(view, b, sa, sb, **kw)
-    _check(out, a, sa, b, sb, wgmma=wgmma)
+    out = _run(kernel, view, b, sa, sb)
+    _check(out, a, sa, b, sb, kernel=kernel)
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
-def test_cuda_graph_replay_and_counters(wgmma):
-    _needs(wgmma)
-    kw = {"warps": 8, "row_warps": 8, "stages": 2, "wgmma": 1} if wgmma else {}
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cuda_graph_replay_and_counters(kernel):
+    _needs(kernel)
+    kw = {"warps": 8, "row_warps": 8, "stages": 2} if kernel == "wgmma" else {}
     m, n, k = 12, 2048, 4096
     a, sa, b, sb = _operands(m, n, k)
     counters = torch.zeros(n // 16, dtype=torch.int32, device="cuda")
-    eager = block_fp8_mm(a, b, sa, sb, split=4, counters=counters, **kw)
+    eager = _run(kernel, a, b, sa, sb, split=4, counters=counters, **kw)
     a_in, sa_in = a.clone(), sa.clone()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        block_fp8_mm(a_in, b, sa_in, sb, split=4, counters=counters, **kw)  # warm-up outside capture
+        _run(kernel, a_in, b, sa_in, sb, split=4, counters=counters, **kw)  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = block_fp8_mm(a_in, b, sa_in, sb, split=4, counters=counters, **kw)
+        captured = _run(kernel, a_in, b, sa_in, sb, split=4, counters=counters, **kw)
     for seed in range(20):
         a2, sa2, _, _ = _operands(m, n, k, seed=100 + seed)
         a_in.copy_(a2)
         sa_in.copy_(sa2)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(captured, block_fp8_mm(a2, b, sa2, sb, split=4, counters=counters, **kw))
+        assert torch.equal(captured, _run(kernel, a2, b, sa2, sb, split=4, counters=counters, **kw))
     a_in.copy_(a)
     sa_in.copy_(sa)
     graph.replay()

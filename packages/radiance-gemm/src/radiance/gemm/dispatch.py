@@ -4,8 +4,9 @@
 ``ROUTE_WIDTH`` per entry, ``(m_max, provider index, *launch params)``, entries in increasing
 ``m_max``, the last one open-ended. It consults, in order: RADIANCE_GEMM_PROVIDER (force one),
 RADIANCE_GEMM_EXCLUDE, RADIANCE_PRESHUFFLE, the measured per-arch table in ``tables/<arch>.json``
-(nearest measured shape; RADIANCE_GEMM_WGMMA=0 swaps its wgmma-kernel configs for the mma.sync
-kernel), and a built-in default. Every decision is written to the radiance
+(nearest measured shape; RADIANCE_GEMM_WGMMA=0 swaps its points on a warpgroup-MMA kernel,
+cuda_decode's wgmma configs and cuda_tma, for cuda_decode's mma.sync kernel), and a built-in
+default. Every decision is written to the radiance
 registry then, so the selection report lists which provider serves which (N, K, M range).
 
 ``run_route`` is the per-call part: plain comparisons of M against the route's bounds, no
@@ -52,18 +53,20 @@ def preshuffle_enabled() -> bool:
 
 
 def wgmma_enabled() -> bool:
-    """RADIANCE_GEMM_WGMMA (default 1): 0 serves the table's points routed to cuda_decode's wgmma
-    kernel with its mma.sync kernel instead (provider default config). The wgmma kernel's sums
-    carry Hopper's fp8 tensor-core rounding (14 significant bits a 32-product step): below a bf16
-    output's rounding, not below an fp16 output's."""
+    """RADIANCE_GEMM_WGMMA (default 1): 0 serves the table's points routed to a warpgroup-MMA
+    kernel (cuda_decode's wgmma configs, cuda_tma) with cuda_decode's mma.sync kernel instead
+    (its default config). Warpgroup-MMA sums carry Hopper's fp8 tensor-core rounding (14
+    significant bits a 32-product step): below a bf16 output's rounding, not below an fp16
+    output's."""
     return os.environ.get("RADIANCE_GEMM_WGMMA", "1") != "0"
 
 
-def _without_wgmma(name: str, cfg: str) -> str:
-    """``cfg`` unless it selects cuda_decode's wgmma kernel; then the provider's default config."""
-    if name == "cuda_decode" and any(re.fullmatch(r"wg[1-9]\d*", f) for f in cfg.split("-")):
-        return PROVIDERS[PROVIDER_INDEX[name]].default_config
-    return cfg
+def _without_wgmma(name: str, cfg: str) -> tuple[str, str]:
+    """``(name, cfg)`` unless it selects a warpgroup-MMA kernel; then cuda_decode's default."""
+    if name == "cuda_tma" or (name == "cuda_decode" and any(
+            re.fullmatch(r"wg[1-9]\d*", f) for f in cfg.split("-"))):
+        return "cuda_decode", PROVIDERS[PROVIDER_INDEX["cuda_decode"]].default_config
+    return name, cfg
 
 
 @cache
@@ -171,7 +174,7 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
         if table is not None:
             key = _nearest_shape(table["shapes"], n, k)
             wgmma = wgmma_enabled()
-            rows = [(int(m), name, cfg if wgmma else _without_wgmma(name, cfg))
+            rows = [(int(m), *((name, cfg) if wgmma else _without_wgmma(name, cfg)))
                     for m, name, cfg in table["shapes"][key]]
             # A row whose provider cannot run here is dropped: the next row up serves its M too.
             kept = [row for row in rows if row[1] in usable]

@@ -107,6 +107,22 @@ def _run_cuda_decode(a, b, sa, sb, out_dtype, params, counters):
                         counters if counters.numel() > 0 else None, rows, wgmma)
 
 
+def _cuda_tma_available() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    from radiance.kernels.block_fp8_mm import unsupported_reason
+
+    return unsupported_reason("cuda", "tma")
+
+
+def _run_cuda_tma(a, b, sa, sb, out_dtype, params, counters):
+    from radiance.kernels.block_fp8_mm import block_fp8_mm_tma
+
+    split, stages = params[:2]
+    return block_fp8_mm_tma(a, b, sa, sb, out_dtype, split, stages,
+                            counters if counters.numel() > 0 else None)
+
+
 # ---- PyTorch block-wise scaled_mm --------------------------------------------------------------
 
 def _torch_available() -> str | None:
@@ -163,6 +179,10 @@ PROVIDERS: tuple[Provider, ...] = (
              16, False, True, _cuda_decode_available, _run_cuda_decode, "skauto-w4-r1-s4",
              "radiance CUDA kernel: fp8 tensor-core MMA (mma.sync, or wgmma on sm_90) fed from "
              "16-byte weight loads, split-K"),
+    Provider("cuda_tma", ("cuda",), ("sm90",), (torch.float8_e4m3fn,), 1, 16, False, True,
+             _cuda_tma_available, _run_cuda_tma, "skauto-s8",
+             "radiance CUDA kernel for sm_90: [64 x 128] weight tiles streamed by the tensor memory "
+             "accelerator into a shared-memory ring, wgmma from shared memory, split-K"),
     Provider("triton_generic", ("cuda", "rocm"), None, FP8, 1, M_ANY, False, False,
              _triton_available, _run_generic, "bmauto-bn128-w4-s3",
              "Triton tiled GEMM, per-group scaling"),
@@ -191,6 +211,7 @@ def provider(name: str) -> Provider:
 CONFIG_FIELDS: dict[str, set[str]] = {
     "triton_splitk": {"bn", "sk", "w", "s", "f"},
     "cuda_decode": {"sk", "w", "r", "s", "wg"},
+    "cuda_tma": {"sk", "s"},
     "triton_generic": {"bm", "bn", "w", "s"},
 }
 
@@ -229,6 +250,18 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         if why is not None:
             raise ValueError(f"bad cuda_decode config {config!r}: {why}")
         return (split, warps, rows, stages, wgmma)
+    if name == "cuda_tma":
+        from radiance.kernels.block_fp8_mm import TMA_STAGES
+
+        stages = int(fields.get("s", 8))
+        if stages not in TMA_STAGES:
+            raise ValueError(f"bad cuda_tma config {config!r}: stages "
+                             f"{'/'.join(map(str, TMA_STAGES))}")
+        sk = fields.get("sk", "auto")
+        split = cuda_tma_split(n, k, sms, stages) if sk == "auto" else int(sk)
+        if split < 1:
+            raise ValueError(f"bad cuda_tma config {config!r}: split >= 1")
+        return (split, stages, 0, 0, 0)
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),
@@ -250,7 +283,19 @@ def cuda_decode_split(n: int, k: int, sms: int) -> int:
     return split
 
 
+def cuda_tma_split(n: int, k: int, sms: int, stages: int) -> int:
+    """K ranges per 64-row column tile for the TMA kernel: as many as fill the blocks the SMs hold
+    at once (shared memory: ``stages`` tiles of the 16-token kernel a block), at most 16, each
+    range at least two groups: one wave, every block's tiles requested at its start."""
+    stage_bytes = 64 * 128 + 16 * 128
+    per_sm = max(1, (227 << 10) // (1024 + stages * (stage_bytes + 8) + 8))
+    tiles = max(1, n // 64)
+    return max(1, min(16, per_sm * sms // tiles, k // 256))
+
+
 def format_params(name: str, params: tuple[int, ...]) -> str:
+    if name == "cuda_tma":
+        return "sk{}-s{}".format(*params[:2])
     if name == "cuda_decode":
         return "sk{}-w{}-r{}-s{}".format(*params[:4]) + (f"-wg{params[4]}" if params[4] else "")
     if name == "triton_splitk":

@@ -17,6 +17,11 @@ consecutive K groups a ring stage: every warp side by side (``row_warps == warps
 a block); see ``WGMMA_STAGES`` for the stages each shape has. Its sums carry Hopper's fp8 tensor-core
 rounding (14 significant bits per 32-product step, promoted to fp32 every 128 columns, as in the
 block-FP8 GEMMs vLLM runs there), finer than a bf16 output's rounding but not than fp16's.
+
+``block_fp8_mm_tma(a, b, sa, sb)`` is the same product by the sm_90 kernel that streams the weight
+with the tensor memory accelerator (csrc/block_fp8_mm_tma.cu): 64 weight rows a block (N a
+multiple of 64), ``stages`` [64 x 128] weight tiles in flight a block (``TMA_STAGES``), ``split``
+as above (``counters``: at least N/64 int32 zeros); wgmma from shared memory, the same rounding.
 """
 
 from __future__ import annotations
@@ -34,36 +39,42 @@ GROUP = 128
 # (warps, groups a ring stage) -> the stages the wgmma kernel is built for (a ring of at most
 # 64 KiB of dynamic shared memory).
 WGMMA_STAGES = {(4, 1): (2, 3, 4, 5), (8, 1): (2, 3), (4, 2): (2, 3), (8, 2): (2,)}
+TMA_ROWS = 64  # weight rows a block of the TMA kernel
+TMA_STAGES = (4, 6, 8, 12)
+
+# The three kernels and their bit in the library's radiance_block_fp8_mm_supported().
+KERNEL_BITS = {"mma_sync": 1, "wgmma": 2, "tma": 4}
+
+_reasons: dict[tuple[int, str], str | None] = {}
 
 
-_reasons: dict[tuple[int, bool], str | None] = {}
-
-
-def unsupported_reason(device, wgmma: bool = False) -> str | None:
-    """None when the kernel (the wgmma one with ``wgmma``) runs on ``device``, else why not
+def unsupported_reason(device, kernel: str = "mma_sync") -> str | None:
+    """None when ``kernel`` (``mma_sync``, ``wgmma`` or ``tma``) runs on ``device``, else why not
     (decided once per device)."""
+    if kernel not in KERNEL_BITS:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNEL_BITS)}")
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "needs a CUDA GPU"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, bool(wgmma))
+    key = (index, kernel)
     if key not in _reasons:
-        _reasons[key] = _reason(index, bool(wgmma))
+        _reasons[key] = _reason(index, kernel)
     return _reasons[key]
 
 
-def _reason(index: int, wgmma: bool) -> str | None:
+def _reason(index: int, kernel: str) -> str | None:
     if torch.version.hip is not None:
         return "NVIDIA only (fp8 mma.sync); ROCm has no build of it"
     cc = torch.cuda.get_device_capability(index)
     if cc < (8, 9):
         return f"needs sm_89+ (fp8 tensor-core MMA), device is sm_{cc[0]}{cc[1]}"
-    if wgmma and cc != (9, 0):
-        return f"the wgmma kernel needs sm_90 (warpgroup MMA), device is sm_{cc[0]}{cc[1]}"
+    if kernel != "mma_sync" and cc != (9, 0):
+        return f"the {kernel} kernel needs sm_90 (warpgroup MMA), device is sm_{cc[0]}{cc[1]}"
     lib = library.get(index)
     if lib is None:
         return library.why_not(index)
-    if not lib.block_fp8_mm_supported() & (2 if wgmma else 1):
+    if not lib.block_fp8_mm_supported() & KERNEL_BITS[kernel]:
         return "the library reports the device unsupported"
     return None
 
@@ -93,6 +104,14 @@ def launch_error(n: int, split: int, warps: int, stages: int, row_warps: int,
 def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps=1,
                wgmma=0) -> None:
     """Every condition the kernel needs, as a TypeError/ValueError before anything launches."""
+    check_operands(a, b, sa, sb, out_dtype, counters, TILE_ROWS,
+                   lambda n: launch_error(n, split, warps, stages, row_warps, wgmma))
+
+
+def check_operands(a, b, sa, sb, out_dtype, counters, rows: int, launch=None) -> None:
+    """The operands' conditions (``rows``: N's multiple, one counter per ``rows`` rows);
+    ``launch(N)``, why the launch config cannot serve N rows or None, is checked after their
+    shapes and before their devices."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn:
             raise TypeError(f"{name} must be a float8_e4m3fn tensor, got "
@@ -112,8 +131,8 @@ def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warp
             raise ValueError(f"{name} row stride {t.stride(0)} < K={k}: rows must not overlap")
     if not 1 <= m <= M_MAX:
         raise ValueError(f"M={m} out of range: the decode GEMM serves 1 <= M <= {M_MAX}")
-    if n < TILE_ROWS or n % TILE_ROWS or k < GROUP or k % GROUP:
-        raise ValueError(f"N={n} must be a multiple of {TILE_ROWS} and K={k} of {GROUP}")
+    if n < rows or n % rows or k < GROUP or k % GROUP:
+        raise ValueError(f"N={n} must be a multiple of {rows} and K={k} of {GROUP}")
     groups = k // GROUP
     for name, t, shape in (("sa", sa, (m, groups)), ("sb", sb, (-(-n // GROUP), groups))):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
@@ -122,16 +141,16 @@ def check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warp
             raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
     if out_dtype not in DTYPE_CODE:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    why = launch_error(n, split, warps, stages, row_warps, wgmma)
+    why = launch(n) if launch is not None else None
     if why is not None:
         raise ValueError(why)
     tensors = [a, b, sa, sb] + ([counters] if counters is not None else [])
     if len({t.device for t in tensors}) != 1 or a.device.type != "cuda":
         raise ValueError("operands must all be on one CUDA device, got "
                          f"{sorted({str(t.device) for t in tensors})}")
-    if counters is not None and (counters.dtype != torch.int32 or counters.numel() < n // TILE_ROWS
+    if counters is not None and (counters.dtype != torch.int32 or counters.numel() < n // rows
                                  or not counters.is_contiguous()):
-        raise ValueError(f"counters must be contiguous int32 with at least N/16={n // TILE_ROWS} "
+        raise ValueError(f"counters must be contiguous int32 with at least N/{rows}={n // rows} "
                          "elements (zeros)")
 
 
@@ -148,9 +167,43 @@ def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.T
                  row_warps: int = 1, wgmma: int = 0) -> torch.Tensor:
     """``a [M<=16, K] fp8 @ b [N, K] fp8`` with 1x128 / 128x128 scales -> ``[M, N] out_dtype``."""
     check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps, wgmma)
-    why = unsupported_reason(a.device, bool(wgmma))
+    lib, c, partial, counters, splits = _prepare(a, b, out_dtype, split, counters, TILE_ROWS,
+                                                 "wgmma" if wgmma else "mma_sync")
+    code = lib.block_fp8_mm(*_c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits),
+                            splits, warps, row_warps, stages, int(wgmma), stream_of(a.device))
+    check_code(lib, code, OP)
+    return c
+
+
+def block_fp8_mm_tma(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
+                     out_dtype: torch.dtype = torch.bfloat16, split: int = 1, stages: int = 8,
+                     counters: torch.Tensor | None = None) -> torch.Tensor:
+    """The same product by the sm_90 TMA kernel (N a multiple of 64)."""
+    if split < 1 or stages not in TMA_STAGES:
+        raise ValueError(f"launch split={split} stages={stages}: the TMA kernel takes split >= 1 "
+                         f"and stages {'/'.join(map(str, TMA_STAGES))}")
+    check_operands(a, b, sa, sb, out_dtype, counters, TMA_ROWS)
+    lib, c, partial, counters, splits = _prepare(a, b, out_dtype, split, counters, TMA_ROWS, "tma")
+    code = lib.block_fp8_mm_tma(*_c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits),
+                                splits, stages, stream_of(a.device))
+    check_code(lib, code, OP)
+    return c
+
+
+def _c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits) -> tuple:
+    """The arguments both C entry points take first: operands, strides, sizes, split-K scratch."""
+    return (a.data_ptr(), a.stride(0), sa.data_ptr(), sa.stride(0), sa.stride(1),
+            b.data_ptr(), b.stride(0), sb.data_ptr(), sb.stride(0), sb.stride(1),
+            c.data_ptr(), c.stride(0), DTYPE_CODE[out_dtype], a.shape[0], b.shape[0], a.shape[1],
+            partial.data_ptr() if partial is not None else None,
+            counters.data_ptr() if splits > 1 else None)
+
+
+def _prepare(a, b, out_dtype, split, counters, rows, kernel):
+    """The library, the output, and for split K its partials and counters (zeros if not given)."""
+    why = unsupported_reason(a.device, kernel)
     if why is not None:
-        raise RuntimeError(f"radiance {OP} cannot run here: {why}")
+        raise RuntimeError(f"radiance {OP} ({kernel} kernel) cannot run here: {why}")
     m, k = a.shape
     n = b.shape[0]
     splits = splits_launched(k, split)
@@ -159,14 +212,6 @@ def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.T
     if splits > 1:
         partial = torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
         if counters is None:
-            counters = torch.zeros(n // TILE_ROWS, dtype=torch.int32, device=a.device)
+            counters = torch.zeros(n // rows, dtype=torch.int32, device=a.device)
     lib = library.get(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    code = lib.block_fp8_mm(
-        a.data_ptr(), a.stride(0), sa.data_ptr(), sa.stride(0), sa.stride(1),
-        b.data_ptr(), b.stride(0), sb.data_ptr(), sb.stride(0), sb.stride(1),
-        c.data_ptr(), c.stride(0), DTYPE_CODE[out_dtype], m, n, k,
-        partial.data_ptr() if partial is not None else None,
-        counters.data_ptr() if splits > 1 else None, splits, warps, row_warps, stages, int(wgmma),
-        stream_of(a.device))
-    check_code(lib, code, OP)
-    return c
+    return lib, c, partial, counters, splits

@@ -31,9 +31,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("RADIANCE_GEMM_EXCLUDE", "(unset)", "gemm",
          "comma list of GEMM providers never to use; an unknown name raises"),
     Flag("RADIANCE_GEMM_WGMMA", "1", "gemm",
-         "0: the points the sm90 table routes to cuda_decode's wgmma kernel run its mma.sync "
-         "kernel instead (group sums exact in fp32; the wgmma kernel's carry Hopper's fp8 "
-         "tensor-core rounding, below a bf16 output's, not an fp16 one's)"),
+         "0: the points the sm90 table routes to a warpgroup-MMA kernel (cuda_tma, "
+         "cuda_decode's wgmma configs) run cuda_decode's mma.sync kernel instead (group sums "
+         "exact in fp32; warpgroup-MMA sums carry Hopper's fp8 tensor-core rounding, below a "
+         "bf16 output's, not an fp16 one's)"),
     Flag("RADIANCE_PRESHUFFLE", "0", "gemm",
          "1: on ROCm with a recent AITER, shuffle genuine 128x128-block weights at load and "
          "route them to AITER's preshuffle GEMM (not yet measured on AMD, so off)"),

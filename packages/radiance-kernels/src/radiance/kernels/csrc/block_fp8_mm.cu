@@ -36,13 +36,11 @@
 // 16-20 µs with the deepest rings; here too S = 3 beats 4 and 5 at 10240x5120. What remains at
 // mid sizes is launch, ramp-up and drain: a kernel that only reads the same bytes (benchmark
 // `weight_read` rows) takes 7.5 µs at 5120x4096, and this kernel 1.1-1.25x that at M = 1.
-#include "portability.h"
+#include "block_fp8_mm.cuh"
 
 namespace radiance {
 namespace {
 
-constexpr int kTileRows = 16;  // weight rows per block: the mma's M
-constexpr int kGroup = 128;    // K columns per scale group
 // Weights up to this size request each group's activations one group ahead (the kernel's PF).
 // Timed on the H200 against requesting them in the group's own iteration, best launch config of
 // each, same run (radiance-gemm benchmarks/results/activation_prefetch_ab.md): up to 26 MB,
@@ -50,18 +48,6 @@ constexpr int kGroup = 128;    // K columns per scale group
 // (0.88-1.07x at M = 16); from 42 MB on 0.95-1.10x at M <= 8 and up to 1.33x at M = 16, where
 // the ~20 extra registers a thread cost occupancy that streaming the weight needs.
 constexpr int64_t kPrefetchMaxBytes = 32ll << 20;
-
-struct BlockFp8MmArgs {
-  const uint8_t* a;
-  const uint8_t* b;
-  const float* sa;
-  const float* sb;
-  void* c;
-  float* partial;  // [splits, M, N] fp32, split > 1 only
-  int* counters;   // [N / 16] zeros, left zero; split > 1 only
-  int64_t lda, ldb, ldc, sa_m, sa_g, sb_n, sb_g;
-  int M, N, groups, groups_per_split, out_dtype;
-};
 
 // 16 bytes global -> shared without passing through registers (sm_80+ cp.async, L2 only: the
 // weight is read once). HIP: a plain copy (never launched there, see radiance_block_fp8_mm).
@@ -142,71 +128,6 @@ RAD_DEVICE void mma_step(float (&acc)[TT][4], const uint4& wl, const uint4& wh, 
 #pragma unroll
     for (int t = 0; t < TT; ++t) mma_e4m3(acc[t], a0, a1, a2, a3, word(x[t], 2 * s), word(x[t], 2 * s + 1));
   }
-}
-
-RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
-  if (code == 0) {
-    reinterpret_cast<uint16_t*>(c)[idx] = (uint16_t)rad_f32_to_bf16(v);
-  } else if (code == 1) {
-    reinterpret_cast<uint16_t*>(c)[idx] = (uint16_t)rad_f32_to_f16(v);
-  } else {
-    reinterpret_cast<float*>(c)[idx] = v;
-  }
-}
-
-// One output value of the block's rows: the result, or with split K this split's fp32 partial.
-RAD_DEVICE void emit_value(const BlockFp8MmArgs& p, bool split, int n_block, int row, int token,
-                           float v) {
-  if (split) {
-    p.partial[((int64_t)blockIdx.y * p.M + token) * p.N + n_block + row] = v;
-  } else {
-    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, v);
-  }
-}
-
-// A warp's C fragments of a 16-row tile starting at block row `row0`: thread (r, q) holds rows
-// r and r + 8, tokens 8t + 2q and 8t + 2q + 1 of each 8-token tile t.
-template <int TT>
-RAD_DEVICE void emit_fragment(const BlockFp8MmArgs& p, bool split, int n_block, int row0,
-                              const float (&total)[TT][4]) {
-  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int t = 0; t < TT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = 8 * t + 2 * q + (e & 1);
-      if (token < p.M) emit_value(p, split, n_block, row0 + r + (e >= 2 ? 8 : 0), token, total[t][e]);
-    }
-}
-
-// Split K: the last block of a column tile to arrive sums the partials, in split order, and resets
-// the counter, so the counters are zero before and after every launch. Called by every thread of
-// a block after it wrote its partials. `last_block` is the calling kernel's own __shared__ flag:
-// declared here instead (one module-scope shared variable for every kernel), the mma.sync kernel
-// compiled to the same PTX otherwise yet ran 1.03-1.30x slower on the H200, same launch configs
-// timed against the previous build in one process (radiance-gemm wgmma_ab.md).
-RAD_DEVICE void combine_splits(const BlockFp8MmArgs& p, int n_block, int block_rows, int threads,
-                               int& last_block) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < block_rows * p.M; i += threads) {
-    const int token = i / block_rows, row = i % block_rows;
-    float s = 0.f;
-    for (int y = 0; y < (int)gridDim.y; ++y) {
-      const float* src = p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row;
-#ifdef RADIANCE_HIP
-      s += *reinterpret_cast<const volatile float*>(src);
-#else
-      s += __ldcg(src);  // L2: another block wrote it
-#endif
-    }
-    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
-  }
-  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
 // TT: 8-token tiles (1: M <= 8, 2: M <= 16). A block is WN x WK warps: WN warps side by side
@@ -416,24 +337,6 @@ rad_error_t launch_shaped(int warps, int row_warps, int stages, bool prefetch, d
 // that reads 128 bytes of each row a group (its warps share one K range) and waits for its MMAs
 // every group loses to blocks whose warps spread along K.
 constexpr int kChunkGroups = 4;
-
-#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define RADIANCE_WGMMA 1
-#endif
-
-RAD_DEVICE void wgmma_fence() {
-#ifdef RADIANCE_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-// Wait for every wgmma this warp issued (their accumulators are read next).
-RAD_DEVICE void wgmma_commit_and_wait() {
-#ifdef RADIANCE_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
 
 // Shared-memory writes made by this thread become visible to the async proxy (wgmma's reads).
 RAD_DEVICE void fence_proxy_async_shared() {
@@ -686,14 +589,15 @@ rad_error_t launch_wgmma(int warps, int stages, int stage_groups, dim3 grid, rad
 }  // namespace
 }  // namespace radiance
 
-// Which kernels of radiance_block_fp8_mm this device runs: bit 0 the mma.sync kernel (NVIDIA
-// sm_89+), bit 1 the wgmma kernel (sm_90, whose library is built for sm_90a). 0: none.
+// Which decode GEMM kernels this device runs: bit 0 the mma.sync kernel (NVIDIA sm_89+), bit 1
+// the wgmma kernel, bit 2 the TMA kernel (radiance_block_fp8_mm_tma); bits 1 and 2 on sm_90, whose
+// library is built for sm_90a. 0: none.
 RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 #ifdef RADIANCE_HIP
   return 0;
 #else
   const int cc = radiance::device_compute_capability();
-  return (cc >= 89 ? 1 : 0) | (cc == 90 ? 2 : 0);
+  return (cc >= 89 ? 1 : 0) | (cc == 90 ? 6 : 0);
 #endif
 }
 
@@ -715,31 +619,17 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   const int bad = (int)rad_error_invalid_value;
   const int supported = radiance_block_fp8_mm_supported();
   if (!(supported & (wgmma ? 2 : 1)) || wgmma < 0 || wgmma > 2) return bad;
-  if (M < 1 || M > 16 || N < kTileRows || N % kTileRows || K < kGroup || K % kGroup) return bad;
-  if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
-  if (!a || !b || !sa || !sb || !c || lda % 16 || ldb % 16 || lda < K || ldb < K || ldc < N) return bad;
-  if ((uintptr_t)a % 16 || (uintptr_t)b % 16) return bad;
   // The ring: <= 40 KiB static (mma.sync kernel); the wgmma kernel's launcher refuses what it
   // has no instance of (at most 64 KiB of dynamic ring).
   if ((warps != 4 && warps != 8) || stages < 2 || stages > 5 || (!wgmma && warps * stages > 20)) return bad;
-  if (row_warps < 1 || warps % row_warps || (N / kTileRows) % row_warps) return bad;
+  if (row_warps < 1 || warps % row_warps || N % kTileRows || (N / kTileRows) % row_warps) return bad;
   if (wgmma && row_warps != warps) return bad;
-  const int groups = (int)(K / kGroup);
-  if (split < 1) return bad;
-  const int per_split = (groups + split - 1) / split;
-  const int splits = (groups + per_split - 1) / per_split;
-  if (splits > 1 && (!partial || !counters)) return bad;
   BlockFp8MmArgs p;
-  p.a = static_cast<const uint8_t*>(a);
-  p.b = static_cast<const uint8_t*>(b);
-  p.sa = sa;
-  p.sb = sb;
-  p.c = c;
-  p.partial = partial;
-  p.counters = counters;
-  p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.sa_m = sa_m, p.sa_g = sa_g, p.sb_n = sb_n, p.sb_g = sb_g;
-  p.M = (int)M, p.N = (int)N, p.groups = groups, p.groups_per_split = per_split;
-  p.out_dtype = out_dtype;
+  int splits = 1;
+  if (const int e = make_block_fp8_mm_args(a, lda, sa, sa_m, sa_g, b, ldb, sb, sb_n, sb_g, c, ldc,
+                                           out_dtype, M, N, K, partial, counters, split,
+                                           kTileRows, &p, &splits))
+    return e;
   const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   if (wgmma) {

@@ -1,0 +1,146 @@
+// What the decode block-FP8 GEMM kernels share (block_fp8_mm.cu: mma.sync and register-fed wgmma;
+// block_fp8_mm_tma.cu: tensor-memory-accelerator copies and wgmma from shared memory): the launch
+// arguments, the output stores, the split-K combine and the warpgroup-MMA fences.
+#pragma once
+
+#include "portability.h"
+
+namespace radiance {
+namespace {
+
+constexpr int kTileRows = 16;  // weight rows per block: the mma's M
+constexpr int kGroup = 128;    // K columns per scale group
+
+struct BlockFp8MmArgs {
+  const uint8_t* a;
+  const uint8_t* b;
+  const float* sa;
+  const float* sb;
+  void* c;
+  float* partial;  // [splits, M, N] fp32, split > 1 only
+  int* counters;   // [N / 16] zeros, left zero; split > 1 only
+  int64_t lda, ldb, ldc, sa_m, sa_g, sb_n, sb_g;
+  int M, N, groups, groups_per_split, out_dtype;
+};
+
+RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
+  if (code == 0) {
+    reinterpret_cast<uint16_t*>(c)[idx] = (uint16_t)rad_f32_to_bf16(v);
+  } else if (code == 1) {
+    reinterpret_cast<uint16_t*>(c)[idx] = (uint16_t)rad_f32_to_f16(v);
+  } else {
+    reinterpret_cast<float*>(c)[idx] = v;
+  }
+}
+
+// One output value of the block's rows: the result, or with split K this split's fp32 partial.
+RAD_DEVICE void emit_value(const BlockFp8MmArgs& p, bool split, int n_block, int row, int token,
+                           float v) {
+  if (split) {
+    p.partial[((int64_t)blockIdx.y * p.M + token) * p.N + n_block + row] = v;
+  } else {
+    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, v);
+  }
+}
+
+// A warp's C fragments of a 16-row tile starting at block row `row0`: thread (r, q) holds rows
+// r and r + 8, tokens 8t + 2q and 8t + 2q + 1 of each 8-token tile t.
+template <int TT>
+RAD_DEVICE void emit_fragment(const BlockFp8MmArgs& p, bool split, int n_block, int row0,
+                              const float (&total)[TT][4]) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int t = 0; t < TT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = 8 * t + 2 * q + (e & 1);
+      if (token < p.M) emit_value(p, split, n_block, row0 + r + (e >= 2 ? 8 : 0), token, total[t][e]);
+    }
+}
+
+// Split K: the last block of a column tile to arrive (arrive_last: true in that block) sums the
+// partials, in split order, and resets the counter, so the counters are zero before and after
+// every launch. Called by every thread of a block after it wrote its partials. `last_block` is the calling kernel's own __shared__ flag:
+// declared here instead (one module-scope shared variable for every kernel), the mma.sync kernel
+// compiled to the same PTX otherwise yet ran 1.03-1.30x slower on the H200, same launch configs
+// timed against the previous build in one process (radiance-gemm wgmma_ab.md).
+RAD_DEVICE bool arrive_last(const BlockFp8MmArgs& p, int& last_block) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!last_block) return false;
+  __threadfence();
+  return true;
+}
+
+RAD_DEVICE void combine_splits(const BlockFp8MmArgs& p, int n_block, int block_rows, int threads,
+                               int& last_block) {
+  if (!arrive_last(p, last_block)) return;
+  for (int i = threadIdx.x; i < block_rows * p.M; i += threads) {
+    const int token = i / block_rows, row = i % block_rows;
+    float s = 0.f;
+    for (int y = 0; y < (int)gridDim.y; ++y) {
+      const float* src = p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row;
+#ifdef RADIANCE_HIP
+      s += *reinterpret_cast<const volatile float*>(src);
+#else
+      s += __ldcg(src);  // L2: another block wrote it
+#endif
+    }
+    store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RADIANCE_WGMMA 1
+#endif
+
+RAD_DEVICE void wgmma_fence() {
+#ifdef RADIANCE_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// Wait for every wgmma this warp issued (their accumulators are read next).
+RAD_DEVICE void wgmma_commit_and_wait() {
+#ifdef RADIANCE_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// Host side, both exports: checks what every decode GEMM kernel needs (M 1-16, N a multiple of
+// `rows`, K of 128, 16-byte aligned rows, split K's scratch) and fills `p`. Returns 0, or the
+// invalid-value code.
+inline int make_block_fp8_mm_args(const void* a, int64_t lda, const float* sa, int64_t sa_m,
+                                  int64_t sa_g, const void* b, int64_t ldb, const float* sb,
+                                  int64_t sb_n, int64_t sb_g, void* c, int64_t ldc, int out_dtype,
+                                  int64_t M, int64_t N, int64_t K, float* partial, int* counters,
+                                  int split, int rows, BlockFp8MmArgs* p, int* splits) {
+  const int bad = (int)rad_error_invalid_value;
+  if (M < 1 || M > 16 || N < rows || N % rows || K < kGroup || K % kGroup) return bad;
+  if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
+  if (!a || !b || !sa || !sb || !c || lda % 16 || ldb % 16 || lda < K || ldb < K || ldc < N) return bad;
+  if ((uintptr_t)a % 16 || (uintptr_t)b % 16 || split < 1) return bad;
+  const int groups = (int)(K / kGroup);
+  const int per_split = (groups + split - 1) / split;
+  *splits = (groups + per_split - 1) / per_split;
+  if (*splits > 1 && (!partial || !counters)) return bad;
+  p->a = static_cast<const uint8_t*>(a);
+  p->b = static_cast<const uint8_t*>(b);
+  p->sa = sa;
+  p->sb = sb;
+  p->c = c;
+  p->partial = partial;
+  p->counters = counters;
+  p->lda = lda, p->ldb = ldb, p->ldc = ldc, p->sa_m = sa_m, p->sa_g = sa_g, p->sb_n = sb_n;
+  p->sb_g = sb_g;
+  p->M = (int)M, p->N = (int)N, p->groups = groups, p->groups_per_split = per_split;
+  p->out_dtype = out_dtype;
+  return 0;
+}
+
+}  // namespace
+}  // namespace radiance
