@@ -590,14 +590,14 @@ rad_error_t launch_wgmma(int warps, int stages, int stage_groups, dim3 grid, rad
 }  // namespace radiance
 
 // Which decode GEMM kernels this device runs: bit 0 the mma.sync kernel (NVIDIA sm_89+), bit 1
-// the wgmma kernel, bit 2 the TMA kernel (radiance_block_fp8_mm_tma); bits 1 and 2 on sm_90, whose
-// library is built for sm_90a. 0: none.
+// the wgmma kernel, bit 2 the TMA kernel (radiance_block_fp8_mm_tma, which also needs the driver's
+// tensor-map encoder); bits 1 and 2 on sm_90, whose library is built for sm_90a. 0: none.
 RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 #ifdef RADIANCE_HIP
   return 0;
 #else
   const int cc = radiance::device_compute_capability();
-  return (cc >= 89 ? 1 : 0) | (cc == 90 ? 6 : 0);
+  return (cc >= 89 ? 1 : 0) | (cc == 90 ? 2 : 0) | (cc == 90 && radiance::tma_encoder_available() ? 4 : 0);
 #endif
 }
 

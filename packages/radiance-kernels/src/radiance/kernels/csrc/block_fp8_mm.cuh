@@ -6,6 +6,9 @@
 #include "portability.h"
 
 namespace radiance {
+
+bool tma_encoder_available();  // block_fp8_mm_tma.cu: the driver's tensor-map encoder was found
+
 namespace {
 
 constexpr int kTileRows = 16;  // weight rows per block: the mma's M

@@ -331,6 +331,13 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
+}  // namespace
+
+// Whether the driver's tensor-map encoder was found (radiance_block_fp8_mm_supported's bit 2).
+bool tma_encoder_available() { return encode_tiled() != nullptr; }
+
+namespace {
+
 // A map of a [rows, cols] byte matrix (row stride `stride` bytes) read in [box_rows x 128] tiles
 // with the 128-byte swizzle; rows past the end read as zeros.
 bool encode_rows(TensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t stride,
@@ -376,6 +383,10 @@ rad_error_t launch_tma(int stages, dim3 grid, rad_stream_t s, const TmaArgs& arg
 #endif
 
 }  // namespace
+
+#ifdef RADIANCE_HIP
+bool tma_encoder_available() { return false; }
+#endif
 }  // namespace radiance
 
 // c [M, N] = block-FP8 a @ b^T, arguments as radiance_block_fp8_mm, by the TMA kernel (sm_90
@@ -397,7 +408,7 @@ RAD_EXPORT int radiance_block_fp8_mm_tma(const void* a, int64_t lda, const float
       (void)counters, (void)split, (void)stages, (void)stream;
   return bad;
 #else
-  if (device_compute_capability() != 90) return bad;
+  if (device_compute_capability() != 90 || !tma_encoder_available()) return bad;
   TmaArgs args;
   int splits = 1;
   if (const int e = make_block_fp8_mm_args(a, lda, sa, sa_m, sa_g, b, ldb, sb, sb_n, sb_g, c, ldc,
