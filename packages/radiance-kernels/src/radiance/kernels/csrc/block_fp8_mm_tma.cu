@@ -15,10 +15,10 @@
 //
 // Measured on the H200 (radiance-gemm benchmarks/results/tma_ab.md and table.md, same runs):
 // the ring alone streams at 1.04-1.12x a read-only pass at M = 1, about what the cp.async kernel
-// reaches, so at M <= 8 this kernel is level with it up to 66 MB and up to 12% faster from 131 MB;
-// at M = 16, where the mma.sync kernel issues sm_90's widened f16 MMAs for two token tiles, the
-// native fp8 MMA makes it 1-9% faster at 7 of the 10 shapes from 19 MB. Below 8 MB it is up to
-// 2x slower: 64-row blocks leave a small N few blocks to spread the weight over.
+// reaches, so at M <= 8 this kernel takes 0.96-1.32x its time from 19 to 66 MB and 0.88-1.05x
+// from 131 MB; at M = 16, where the mma.sync kernel issues sm_90's widened f16 MMAs for two token
+// tiles, the native fp8 MMA makes it 1-9% faster at 7 of the 10 shapes from 19 MB. Below 8 MB it
+// takes up to 2x the time: 64-row blocks leave a small N few blocks to spread the weight over.
 //
 // Layout: the TMA writes both tiles with the 128-byte swizzle (the 16-byte chunk c of row j at
 // chunk c ^ (j % 8) of the row's 128-byte line; tiles 1024-byte aligned, where the pattern
