@@ -165,6 +165,31 @@ def test_tma_launch_variants(split, stages, m):
     _check(block_fp8_mm_tma(a, b, sa, sb, split=split, stages=stages), a, sa, b, sb, kernel="tma")
 
 
+def test_tma_maps_follow_address_shape_and_contents():
+    """The launch reuses tensor maps it encoded before for the same address and shape: a view
+    with the same first row but fewer rows, new contents at a reused address, and the same
+    address read at another row stride must each give the product of what is in memory now."""
+    _needs("tma")
+    a, sa, b, sb = _operands(5, 2048, 1024, seed=7)
+    for rows in (2048, 1024, 2048):  # same base address, 2048 then 1024 then 2048 rows
+        _check(block_fp8_mm_tma(a, b[:rows], sa, sb[:rows // 128], split=2), a, sa, b[:rows],
+               sb[:rows // 128], kernel="tma")
+    b1, sb1 = b.clone(), sb.clone()
+    a2, sa2, b2, sb2 = _operands(5, 2048, 1024, seed=8)
+    a.copy_(a2), b.copy_(b2), sa.copy_(sa2), sb.copy_(sb2)  # new contents, same addresses
+    _check(block_fp8_mm_tma(a, b, sa, sb, split=2), a2, sa2, b2, sb2, kernel="tma")
+    # One buffer read at two row strides from the same address: a map reused across strides
+    # would read the second call's weight with the first one's stride.
+    buf = torch.zeros(2048 * 1152, dtype=torch.uint8, device="cuda")
+    dense = buf[:2048 * 1024].view(2048, 1024).view(torch.float8_e4m3fn)
+    dense.copy_(b2)
+    _check(block_fp8_mm_tma(a2, dense, sa2, sb2, split=2), a2, sa2, b2, sb2, kernel="tma")
+    strided = buf.view(2048, 1152)[:, :1024].view(torch.float8_e4m3fn)
+    strided.copy_(b1)  # the first weight's values, now 1152 bytes a row
+    assert strided.data_ptr() == dense.data_ptr() and strided.stride(0) == 1152
+    _check(block_fp8_mm_tma(a2, strided, sa2, sb1, split=2), a2, sa2, b1, sb1, kernel="tma")
+
+
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
 def test_tma_large_weight(m):
     """A 37 MB weight, every group of a long K range through a ring that wraps many times."""

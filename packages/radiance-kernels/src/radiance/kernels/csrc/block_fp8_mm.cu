@@ -555,16 +555,9 @@ rad_error_t launch_wgmma_staged(dim3 grid, rad_stream_t s, const BlockFp8MmArgs&
   return rad_error_invalid_value;
 #else
   constexpr int kSmem = wgmma_smem_bytes(TT, WG, S, G);
-  // Above 48 KiB a kernel must opt in to its dynamic shared memory, once per device.
   static int opted_in[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return rad_error_invalid_value;
-  if (!opted_in[dev]) {
-    const cudaError_t e = cudaFuncSetAttribute(block_fp8_mm_wgmma_kernel<TT, WG, S, G>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return e;
-    opted_in[dev] = 1;
-  }
+  if (const rad_error_t e = opt_in_dynamic_smem(block_fp8_mm_wgmma_kernel<TT, WG, S, G>, kSmem, opted_in))
+    return e;
   return rad_launch(block_fp8_mm_wgmma_kernel<TT, WG, S, G>, grid, dim3(WG * 128), s, p, 1, kSmem);
 #endif
 }
