@@ -75,10 +75,15 @@ VARIANTS = {
                     "skauto-w4-r4-s4-wg1", "sk4-w4-r4-s4-wg1", "sk4-w4-r4-s5-wg1",
                     "skauto-w8-r8-s3-wg1", "sk4-w8-r8-s3-wg1", "sk8-w8-r8-s2-wg1",
                     # ... with 2 groups (256 contiguous bytes of each row) a ring stage
-                    "skauto-w4-r4-s3-wg2", "sk4-w4-r4-s3-wg2", "sk4-w8-r8-s2-wg2"],
-    # the sm_90 kernel whose weight tiles the tensor memory accelerator streams
-    "cuda_tma": ["skauto-s4", "skauto-s6", "skauto-s8", "skauto-s12", "sk1-s8", "sk2-s8", "sk4-s8",
-                 "sk8-s6"],
+                    "skauto-w4-r4-s3-wg2", "sk4-w4-r4-s3-wg2", "sk4-w8-r8-s2-wg2",
+                    # the next kernel launched before the main loop (ov1) instead of after it
+                    *(f"{c}-ov1" for c in ("skauto-w4-r1-s4", "skauto-w4-r1-s3", "sk1-w4-r1-s5",
+                                           "skauto-w8-r1-s2", "sk1-w8-r1-s2", "skauto-w8-r2-s2"))],
+    # the sm_90 kernel whose weight tiles the tensor memory accelerator streams, with the next
+    # kernel launched after (default) or before (ov1) the main loop
+    "cuda_tma": [f"{c}{ov}" for ov in ("", "-ov1")
+                 for c in ("skauto-s4", "skauto-s6", "skauto-s8", "skauto-s12", "sk1-s8", "sk2-s8",
+                           "sk4-s8", "sk8-s6")],
     "triton_splitk": ["bn64-skauto-w4-s4-f1", "bn64-skauto-w4-s4-f2", "bn32-skauto-w4-s4-f1",
                       "bn128-skauto-w4-s3-f1", "bn32-skauto-w2-s6-f1", "bn64-sk1-w4-s4-f0"],
     "triton_generic": ["bmauto-bn128-w4-s3", "bmauto-bn64-w4-s4", "bm128-bn128-w8-s3"],

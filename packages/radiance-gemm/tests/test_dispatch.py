@@ -203,14 +203,14 @@ def test_run_route_branches_on_m(monkeypatch):
     fakes = tuple(providers.Provider(**{**p.__dict__, "run": spy(p.name)}) for p in providers.PROVIDERS)
     monkeypatch.setattr(dispatch, "PROVIDERS", fakes)
     i_s, i_g = providers.PROVIDER_INDEX["triton_splitk"], providers.PROVIDER_INDEX["triton_generic"]
-    route = [8, i_s, 64, 4, 4, 4, 1, providers.M_ANY, i_g, 0, 128, 4, 3, 0]
+    route = [8, i_s, 64, 4, 4, 4, 1, 0, providers.M_ANY, i_g, 0, 128, 4, 3, 0, 0]
     for m in (1, 8, 9, 300):
         a = torch.zeros(m, 256, dtype=torch.float8_e4m3fn)
         dispatch.run_route(route, a, torch.zeros(128, 256, dtype=torch.float8_e4m3fn),
                            torch.ones(m, 2), torch.ones(1, 2), torch.bfloat16, torch.empty(0))
     assert [(c[0], c[1]) for c in calls] == [("triton_splitk", 1), ("triton_splitk", 8),
                                              ("triton_generic", 9), ("triton_generic", 300)]
-    assert calls[0][2] == (64, 4, 4, 4, 1)
+    assert calls[0][2] == (64, 4, 4, 4, 1, 0)
 
 
 def test_custom_op_fake_shape():
@@ -229,7 +229,7 @@ def test_custom_op_fake_shape():
 @pytest.mark.parametrize("n,k,want", [(5120, 4096, 1), (2048, 4096, 2), (1024, 2048, 4),
                                       (512, 2048, 8), (2048, 256, 2), (51200, 5120, 1)])
 def test_cuda_decode_auto_split_fills_about_two_blocks_per_sm(n, k, want):
-    split, warps, rows, stages, _ = providers.parse_config("cuda_decode", "skauto-w4-r1-s4", n, k, 132)
+    split, warps, rows, stages, *_ = providers.parse_config("cuda_decode", "skauto-w4-r1-s4", n, k, 132)
     assert (split, warps, rows, stages) == (want, 4, 1, 4)
     assert (n // 16) * split <= 2 * 132 or split == 1
     assert split <= k // 128  # never an empty K range
@@ -246,24 +246,31 @@ def test_cuda_tma_auto_split_fills_one_wave(n, k, stages, want):
 
 def test_cuda_tma_config_round_trips():
     params = providers.parse_config("cuda_tma", "sk4-s12", 4096, 4096, 132)
-    assert params == (4, 12, 0, 0, 0)
+    assert params == (4, 12, 0, 0, 0, 0)
     assert providers.format_params("cuda_tma", params) == "sk4-s12"
-    for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8"):
+    params = providers.parse_config("cuda_tma", "sk4-s12-ov1", 4096, 4096, 132)
+    assert params == (4, 12, 0, 0, 0, 1)
+    assert providers.format_params("cuda_tma", params) == "sk4-s12-ov1"
+    assert providers.parse_config("cuda_tma", "sk4-s12-ov0", 4096, 4096, 132)[5] == 0
+    for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8", "sk2-s8-ov2"):
         with pytest.raises(ValueError, match="cuda_tma config"):
             providers.parse_config("cuda_tma", bad, 4096, 4096, 132)
 
 
 def test_cuda_decode_config_round_trips():
     params = providers.parse_config("cuda_decode", "sk4-w8-r2-s2", 4096, 4096, 132)
-    assert params == (4, 8, 2, 2, 0)
+    assert params == (4, 8, 2, 2, 0, 0)
     assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-s2"
+    params = providers.parse_config("cuda_decode", "sk4-w8-r2-s2-ov1", 4096, 4096, 132)
+    assert params == (4, 8, 2, 2, 0, 1)
+    assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-s2-ov1"
     params = providers.parse_config("cuda_decode", "sk2-w8-r8-s3-wg1", 4096, 4096, 132)
-    assert params == (2, 8, 8, 3, 1)
+    assert params == (2, 8, 8, 3, 1, 0)
     assert providers.format_params("cuda_decode", params) == "sk2-w8-r8-s3-wg1"
     assert providers.parse_config("cuda_decode", "sk2-w4-r4-s3-wg2", 4096, 4096, 132)[4] == 2
     for bad in ("sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2", "sk2-w8-r4-s2-wg1",
                 "sk2-w4-r4-s6-wg1", "sk2-w4-r4-s4-wg2", "sk2-w8-r8-s3-wg2", "sk2-w4-r4-s2-wg3",
-                "sk2-w8-r8-s3"):
+                "sk2-w8-r8-s3", "sk2-w8-r1-s2-ov3"):
         with pytest.raises(ValueError, match="bad cuda_decode config"):
             providers.parse_config("cuda_decode", bad, 4096, 4096, 132)
     # auto split counts block columns: four row warps make a quarter of the columns

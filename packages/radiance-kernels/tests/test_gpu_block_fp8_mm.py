@@ -271,6 +271,56 @@ def test_cuda_graph_replay_and_counters(kernel):
     assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_overlapped_launches_keep_stream_order(kernel):
+    """A decode step's chain, layer after layer in one stream: add_rms_quant's codes feed the
+    GEMM, whose output is the next add_rms_quant's input, the GEMMs sharing one split-K counter
+    buffer. Launched with overlap_next, each GEMM lets the next kernel start before its own
+    main loop; every layer's output must still equal the chain launched without it, bit for
+    bit, eagerly and over CUDA-graph replays with fresh inputs (a read of data not yet written,
+    or a counter shared too early, would show here)."""
+    _needs(kernel)
+    from radiance.kernels import ops
+
+    m, n, layers = 8, 2048, 6
+    g = torch.Generator(device="cuda").manual_seed(7)
+    weights = [_quantize(torch.randn(n, n, device="cuda", generator=g) * 0.05, 128, 128)
+               for _ in range(layers)]
+    norm_w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
+    counters = torch.zeros(n // 16, dtype=torch.int32, device="cuda")
+    y_in = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+    res_in = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+
+    def chain(overlap_next: bool) -> list[torch.Tensor]:
+        y, res, outs = y_in, res_in, []
+        for b, sb in weights:
+            q, s, res = ops.add_rms_quant(y, res, norm_w, 1e-6, group=128)
+            y = _run(kernel, q, b, s, sb, split=4, counters=counters, overlap_next=overlap_next)
+            outs.append(y)
+        return outs
+
+    plain = chain(False)
+    torch.cuda.synchronize()
+    for got, want in zip(chain(True), plain):
+        assert torch.equal(got, want)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        chain(True)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(True)
+    for seed in range(10):
+        gs = torch.Generator(device="cuda").manual_seed(200 + seed)
+        y_in.copy_(torch.randn(m, n, device="cuda", generator=gs))
+        res_in.copy_(torch.randn(m, n, device="cuda", generator=gs))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(captured, chain(False)):
+            assert torch.equal(got, want)
+    assert int(counters.abs().sum()) == 0
+
+
 def test_bad_launch_raises():
     a, sa, b, sb = _operands(4, 256, 512)
     with pytest.raises(ValueError, match="out of range"):

@@ -53,10 +53,10 @@ GOOD = textwrap.dedent("""
     int radiance_block_fp8_mm_supported(void) { return 0; }
     int radiance_block_fp8_mm(const void*, int64_t, const float*, int64_t, int64_t, const void*,
         int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t, int64_t, int64_t,
-        float*, int*, int, int, int, void*) { return 0; }
+        float*, int*, int, int, int, int, int, int, void*) { return 0; }
     int radiance_block_fp8_mm_tma(const void*, int64_t, const float*, int64_t, int64_t,
         const void*, int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t,
-        int64_t, int64_t, float*, int*, int, int, void*) { return 0; }
+        int64_t, int64_t, float*, int*, int, int, int, void*) { return 0; }
     }
 """)
 

@@ -102,9 +102,9 @@ def _cuda_decode_available() -> str | None:
 def _run_cuda_decode(a, b, sa, sb, out_dtype, params, counters):
     from radiance.kernels.block_fp8_mm import block_fp8_mm
 
-    split, warps, rows, stages, wgmma = params[:5]
+    split, warps, rows, stages, wgmma, overlap = params[:6]
     return block_fp8_mm(a, b, sa, sb, out_dtype, split, warps, stages,
-                        counters if counters.numel() > 0 else None, rows, wgmma)
+                        counters if counters.numel() > 0 else None, rows, wgmma, bool(overlap))
 
 
 def _cuda_tma_available() -> str | None:
@@ -118,9 +118,9 @@ def _cuda_tma_available() -> str | None:
 def _run_cuda_tma(a, b, sa, sb, out_dtype, params, counters):
     from radiance.kernels.block_fp8_mm import block_fp8_mm_tma
 
-    split, stages = params[:2]
+    split, stages, overlap = params[0], params[1], params[5]
     return block_fp8_mm_tma(a, b, sa, sb, out_dtype, split, stages,
-                            counters if counters.numel() > 0 else None)
+                            counters if counters.numel() > 0 else None, bool(overlap))
 
 
 # ---- PyTorch block-wise scaled_mm --------------------------------------------------------------
@@ -197,7 +197,7 @@ PROVIDERS: tuple[Provider, ...] = (
              "AITER gemm_a8w8_blockscale_preshuffle on (16, 16)-shuffled weights"),
 )
 PROVIDER_INDEX = {p.name: i for i, p in enumerate(PROVIDERS)}
-PARAMS = 5  # ints of launch configuration carried per route entry
+PARAMS = 6  # ints of launch configuration carried per route entry
 
 
 def provider(name: str) -> Provider:
@@ -210,8 +210,8 @@ def provider(name: str) -> Provider:
 # The config fields each provider reads (see parse_config); the others take no config.
 CONFIG_FIELDS: dict[str, set[str]] = {
     "triton_splitk": {"bn", "sk", "w", "s", "f"},
-    "cuda_decode": {"sk", "w", "r", "s", "wg"},
-    "cuda_tma": {"sk", "s"},
+    "cuda_decode": {"sk", "w", "r", "s", "wg", "ov"},
+    "cuda_tma": {"sk", "s", "ov"},
     "triton_generic": {"bm", "bn", "w", "s"},
 }
 
@@ -238,7 +238,7 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
             raise ValueError(f"bad triton_splitk config {config!r}: bn must be a power of two >= 16")
         sk = fields.get("sk", "auto")
         split = auto_split(n, k, bn, sms) if sk == "auto" else int(sk)
-        return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)))
+        return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)), 0)
     if name == "cuda_decode":
         from radiance.kernels.block_fp8_mm import launch_error
 
@@ -249,7 +249,7 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         why = launch_error(n, split, warps, stages, rows, wgmma)
         if why is not None:
             raise ValueError(f"bad cuda_decode config {config!r}: {why}")
-        return (split, warps, rows, stages, wgmma)
+        return (split, warps, rows, stages, wgmma, _overlap(name, config, fields))
     if name == "cuda_tma":
         from radiance.kernels.block_fp8_mm import TMA_STAGES
 
@@ -261,14 +261,23 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         split = cuda_tma_split(n, k, sms, stages) if sk == "auto" else int(sk)
         if split < 1:
             raise ValueError(f"bad cuda_tma config {config!r}: split >= 1")
-        return (split, stages, 0, 0, 0)
+        return (split, stages, 0, 0, 0, _overlap(name, config, fields))
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),
-                int(fields.get("w", 4)), int(fields.get("s", 3)), 0)
+                int(fields.get("w", 4)), int(fields.get("s", 3)), 0, 0)
     if name == "cpu_reference":
-        return (block[0], block[1], 0, 0, 0)
+        return (block[0], block[1], 0, 0, 0, 0)
     return (0,) * PARAMS
+
+
+def _overlap(name: str, config: str, fields: dict[str, str]) -> int:
+    """The CUDA kernels' ``ov`` field: 1 lets the next kernel in the stream launch before this
+    GEMM's main loop (overlap_next in radiance.kernels.block_fp8_mm), 0 (default) after it."""
+    ov = fields.get("ov", "0")
+    if ov not in ("0", "1"):
+        raise ValueError(f"bad {name} config {config!r}: ov is 0 or 1")
+    return int(ov)
 
 
 def cuda_decode_split(n: int, k: int, sms: int) -> int:
@@ -294,10 +303,11 @@ def cuda_tma_split(n: int, k: int, sms: int, stages: int) -> int:
 
 
 def format_params(name: str, params: tuple[int, ...]) -> str:
+    ov = "-ov1" if params[5] else ""
     if name == "cuda_tma":
-        return "sk{}-s{}".format(*params[:2])
+        return "sk{}-s{}".format(*params[:2]) + ov
     if name == "cuda_decode":
-        return "sk{}-w{}-r{}-s{}".format(*params[:4]) + (f"-wg{params[4]}" if params[4] else "")
+        return "sk{}-w{}-r{}-s{}".format(*params[:4]) + (f"-wg{params[4]}" if params[4] else "") + ov
     if name == "triton_splitk":
         return "bn{}-sk{}-w{}-s{}-f{}".format(*params[:5])
     if name == "triton_generic":

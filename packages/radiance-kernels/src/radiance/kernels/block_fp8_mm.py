@@ -17,6 +17,10 @@ consecutive K groups a ring stage: every warp side by side (``row_warps == warps
 a block); see ``WGMMA_STAGES`` for the stages each shape has. Its sums carry Hopper's fp8 tensor-core
 rounding (14 significant bits per 32-product step, promoted to fp32 every 128 columns, as in the
 block-FP8 GEMMs vLLM runs there), finer than a bf16 output's rounding but not than fp16's.
+``overlap_next`` (both kernels) lets the next kernel in the stream launch before this one's main
+loop instead of after it, so its prologue (and, where its blocks fit beside these, its first
+weight requests) overlaps this kernel; which is faster depends on the shape (csrc/block_fp8_mm.cuh,
+release_early), so it is a launch parameter like the others.
 
 ``block_fp8_mm_tma(a, b, sa, sb)`` is the same product by the sm_90 kernel that streams the weight
 with the tensor memory accelerator (csrc/block_fp8_mm_tma.cu): 64 weight rows a block (N a
@@ -164,20 +168,21 @@ def splits_launched(k: int, split: int) -> int:
 def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                  out_dtype: torch.dtype = torch.bfloat16, split: int = 1, warps: int = 4,
                  stages: int = 4, counters: torch.Tensor | None = None,
-                 row_warps: int = 1, wgmma: int = 0) -> torch.Tensor:
+                 row_warps: int = 1, wgmma: int = 0, overlap_next: bool = False) -> torch.Tensor:
     """``a [M<=16, K] fp8 @ b [N, K] fp8`` with 1x128 / 128x128 scales -> ``[M, N] out_dtype``."""
     check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps, wgmma)
     lib, c, partial, counters, splits = _prepare(a, b, out_dtype, split, counters, TILE_ROWS,
                                                  "wgmma" if wgmma else "mma_sync")
     code = lib.block_fp8_mm(*_c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits),
-                            splits, warps, row_warps, stages, int(wgmma), stream_of(a.device))
+                            splits, warps, row_warps, stages, int(wgmma), int(overlap_next),
+                            stream_of(a.device))
     check_code(lib, code, OP)
     return c
 
 
 def block_fp8_mm_tma(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                      out_dtype: torch.dtype = torch.bfloat16, split: int = 1, stages: int = 8,
-                     counters: torch.Tensor | None = None) -> torch.Tensor:
+                     counters: torch.Tensor | None = None, overlap_next: bool = False) -> torch.Tensor:
     """The same product by the sm_90 TMA kernel (N a multiple of 64)."""
     if split < 1 or stages not in TMA_STAGES:
         raise ValueError(f"launch split={split} stages={stages}: the TMA kernel takes split >= 1 "
@@ -185,7 +190,7 @@ def block_fp8_mm_tma(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: tor
     check_operands(a, b, sa, sb, out_dtype, counters, TMA_ROWS)
     lib, c, partial, counters, splits = _prepare(a, b, out_dtype, split, counters, TMA_ROWS, "tma")
     code = lib.block_fp8_mm_tma(*_c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits),
-                                splits, stages, stream_of(a.device))
+                                splits, stages, int(overlap_next), stream_of(a.device))
     check_code(lib, code, OP)
     return c
 

@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
   };
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);
+  release_early(p);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
 
   const uint8_t* x_row[TT];
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
     }
   }
   copy_async_wait<0>();  // no copy may outlive the block (the trailing groups are empty)
-  rad_release_dependents();
+  release_late(p);
 
   // Sum the K-side warps (fixed order: wk = 0 first) and write the block's rows.
   const bool split = gridDim.y > 1;
@@ -435,6 +436,7 @@ __global__ void __launch_bounds__(WG * 128) block_fp8_mm_wgmma_kernel(const Bloc
   };
 #pragma unroll
   for (int st = 0; st < S - 1; ++st) issue(st);
+  release_early(p);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
 
   // Chunk staging. Piece j of a chunk: group j / (8 kTokens), token (j / 8) % kTokens, 16-byte
@@ -539,7 +541,7 @@ __global__ void __launch_bounds__(WG * 128) block_fp8_mm_wgmma_kernel(const Bloc
     }
   }
   copy_async_wait<0>();  // no copy may outlive the block (the trailing groups are empty)
-  rad_release_dependents();
+  release_late(p);
   const bool split = gridDim.y > 1;
   emit_fragment<TT>(p, split, n_block, warp * kTileRows, total);
   if (split) combine_splits(p, n_block, kBlockRows, kThreads, last_block);
@@ -601,13 +603,15 @@ RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 // (2-5 with 4 warps, 2 with 8: the ring of warps x stages x 2 KiB stays within 40 KiB).
 // wgmma = G > 0: the warpgroup-MMA kernel (sm_90 only; row_warps == warps) with G groups a ring
 // stage: G = 1 with stages 2-5 (4 warps) or 2-3 (8), G = 2 with stages 2-3 (4 warps) or 2 (8).
+// overlap_next: 1 lets the next kernel launch before this one's main loop, 0 after it
+// (release_early / release_late in block_fp8_mm.cuh).
 // Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa, int64_t sa_m,
                                      int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                      int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
                                      int out_dtype, int64_t M, int64_t N, int64_t K, float* partial,
                                      int* counters, int split, int warps, int row_warps, int stages,
-                                     int wgmma, void* stream) {
+                                     int wgmma, int overlap_next, void* stream) {
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
   const int supported = radiance_block_fp8_mm_supported();
@@ -620,7 +624,7 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   BlockFp8MmArgs p;
   int splits = 1;
   if (const int e = make_block_fp8_mm_args(a, lda, sa, sa_m, sa_g, b, ldb, sb, sb_n, sb_g, c, ldc,
-                                           out_dtype, M, N, K, partial, counters, split,
+                                           out_dtype, M, N, K, partial, counters, split, overlap_next,
                                            kTileRows, &p, &splits))
     return e;
   const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);

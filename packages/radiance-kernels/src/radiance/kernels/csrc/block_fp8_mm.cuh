@@ -24,6 +24,7 @@ struct BlockFp8MmArgs {
   int* counters;   // [N / 16] zeros, left zero; split > 1 only
   int64_t lda, ldb, ldc, sa_m, sa_g, sb_n, sb_g;
   int M, N, groups, groups_per_split, out_dtype;
+  int overlap_next;  // 1: release the next kernel before this grid's wait (see release_early)
 };
 
 RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
@@ -59,6 +60,26 @@ RAD_DEVICE void emit_fragment(const BlockFp8MmArgs& p, bool split, int n_block, 
       const int token = 8 * t + 2 * q + (e & 1);
       if (token < p.M) emit_value(p, split, n_block, row0 + r + (e >= 2 ? 8 : 0), token, total[t][e]);
     }
+}
+
+// Where a decode GEMM lets the next kernel in the stream launch (programmatic dependent launch,
+// see rad_release_dependents; every kernel calls exactly one of the two). A decode step runs its
+// layers' GEMMs and epilogues back to back, and each grid's first weight bytes arrive a launch
+// plus a DRAM round trip after it starts: a read-only pass over 4-66 MB costs 3-4 us more than
+// its bytes at copy speed on the H200. Released early, before this grid's own wait, the
+// next kernel is launched as soon as every block of this one is resident, and where it fits
+// beside them its blocks request their static weight while this grid still streams, so those
+// microseconds overlap this kernel instead of following it. Released late, after the main loop,
+// the next kernel only starts with this one's tail. Early is not always better (1.01-1.13x the
+// time for the cp.async kernel below 9 MB, likely because a chain of small grids then becomes
+// resident at once and their weight requests compete with the running one's), so the choice is
+// a launch parameter and the dispatch table picks it per shape from measurements (radiance-gemm's
+// `ov` config field, benchmarks/results/overlap_ab.md there).
+RAD_DEVICE void release_early(const BlockFp8MmArgs& p) {
+  if (p.overlap_next) rad_release_dependents();
+}
+RAD_DEVICE void release_late(const BlockFp8MmArgs& p) {
+  if (!p.overlap_next) rad_release_dependents();
 }
 
 // Split K: the last block of a column tile to arrive (arrive_last: true in that block) sums the
@@ -137,7 +158,8 @@ inline int make_block_fp8_mm_args(const void* a, int64_t lda, const float* sa, i
                                   int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                   int64_t sb_n, int64_t sb_g, void* c, int64_t ldc, int out_dtype,
                                   int64_t M, int64_t N, int64_t K, float* partial, int* counters,
-                                  int split, int rows, BlockFp8MmArgs* p, int* splits) {
+                                  int split, int overlap_next, int rows, BlockFp8MmArgs* p,
+                                  int* splits) {
   const int bad = (int)rad_error_invalid_value;
   if (M < 1 || M > 16 || N < rows || N % rows || K < kGroup || K % kGroup) return bad;
   if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
@@ -158,6 +180,7 @@ inline int make_block_fp8_mm_args(const void* a, int64_t lda, const float* sa, i
   p->sb_g = sb_g;
   p->M = (int)M, p->N = (int)N, p->groups = groups, p->groups_per_split = per_split;
   p->out_dtype = out_dtype;
+  p->overlap_next = overlap_next != 0;
   return 0;
 }
 

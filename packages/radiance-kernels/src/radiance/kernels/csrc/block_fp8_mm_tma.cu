@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(128) block_fp8_mm_tma_kernel(const __grid_cons
     }
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
+  release_early(p);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
   if (leader)
     for (int s = 0; s < S && s < count; ++s)
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(128) block_fp8_mm_tma_kernel(const __grid_cons
       retire_last(acc0, sc0);
     }
   }
-  rad_release_dependents();
+  release_late(p);
   const bool split = gridDim.y > 1;
   emit_fragment<TT>(p, split, n_block, warp * kTileRows, total);
   if (split) combine_tma_splits<TT>(p, n_block, *last_block);
@@ -413,27 +414,27 @@ bool tma_encoder_available() { return false; }
 // c [M, N] = block-FP8 a @ b^T, arguments as radiance_block_fp8_mm, by the TMA kernel (sm_90
 // only; bit 2 of radiance_block_fp8_mm_supported): 64 weight rows a block (N a multiple of 64),
 // `split` K ranges per column tile (> 1 needs `partial` [split, M, N] fp32 and `counters` [N / 64]
-// int32 zeros), `stages` tiles in flight a block: 4, 6, 8 or 12. Returns 0, or the invalid-value
-// code (nothing launched) for anything it cannot run.
+// int32 zeros), `stages` tiles in flight a block: 4, 6, 8 or 12, `overlap_next` as there.
+// Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_block_fp8_mm_tma(const void* a, int64_t lda, const float* sa, int64_t sa_m,
                                          int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                          int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
                                          int out_dtype, int64_t M, int64_t N, int64_t K,
                                          float* partial, int* counters, int split, int stages,
-                                         void* stream) {
+                                         int overlap_next, void* stream) {
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
 #ifdef RADIANCE_HIP
   (void)a, (void)lda, (void)sa, (void)sa_m, (void)sa_g, (void)b, (void)ldb, (void)sb, (void)sb_n,
       (void)sb_g, (void)c, (void)ldc, (void)out_dtype, (void)M, (void)N, (void)K, (void)partial,
-      (void)counters, (void)split, (void)stages, (void)stream;
+      (void)counters, (void)split, (void)stages, (void)overlap_next, (void)stream;
   return bad;
 #else
   if (device_compute_capability() != 90 || !tma_encoder_available()) return bad;
   TmaArgs args;
   int splits = 1;
   if (const int e = make_block_fp8_mm_args(a, lda, sa, sa_m, sa_g, b, ldb, sb, sb_n, sb_g, c, ldc,
-                                           out_dtype, M, N, K, partial, counters, split,
+                                           out_dtype, M, N, K, partial, counters, split, overlap_next,
                                            kTmaRows, &args.p, &splits))
     return e;
   const int tt = M <= 8 ? 1 : 2;
