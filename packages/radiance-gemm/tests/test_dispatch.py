@@ -244,36 +244,34 @@ def test_cuda_tma_auto_split_fills_one_wave(n, k, stages, want):
     assert split <= k // 256 or split == 1  # each K range at least two groups
 
 
-def test_cuda_tma_config_round_trips():
-    params = providers.parse_config("cuda_tma", "sk4-s12", 4096, 4096, 132)
-    assert params == (4, 12, 0, 0, 0, 0)
-    assert providers.format_params("cuda_tma", params) == "sk4-s12"
-    params = providers.parse_config("cuda_tma", "sk4-s12-ov1", 4096, 4096, 132)
-    assert params == (4, 12, 0, 0, 0, 1)
-    assert providers.format_params("cuda_tma", params) == "sk4-s12-ov1"
-    assert providers.parse_config("cuda_tma", "sk4-s12-ov0", 4096, 4096, 132)[5] == 0
-    for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8", "sk2-s8-ov2"):
-        with pytest.raises(ValueError, match="cuda_tma config"):
-            providers.parse_config("cuda_tma", bad, 4096, 4096, 132)
+@pytest.mark.parametrize("name,config,params,formatted", [
+    ("cuda_tma", "sk4-s12", (4, 12, 0, 0, 0, 0), "sk4-s12"),
+    ("cuda_tma", "sk4-s12-ov1", (4, 12, 0, 0, 0, 1), "sk4-s12-ov1"),
+    ("cuda_tma", "sk4-s12-ov0", (4, 12, 0, 0, 0, 0), "sk4-s12"),
+    ("cuda_decode", "sk4-w8-r2-s2", (4, 8, 2, 2, 0, 0), "sk4-w8-r2-s2"),
+    ("cuda_decode", "sk4-w8-r2-s2-ov1", (4, 8, 2, 2, 0, 1), "sk4-w8-r2-s2-ov1"),
+    ("cuda_decode", "sk2-w8-r8-s3-wg1", (2, 8, 8, 3, 1, 0), "sk2-w8-r8-s3-wg1"),
+    ("cuda_decode", "sk2-w4-r4-s3-wg2", (2, 4, 4, 3, 2, 0), "sk2-w4-r4-s3-wg2"),
+])
+def test_cuda_config_round_trips(name, config, params, formatted):
+    assert providers.parse_config(name, config, 4096, 4096, 132) == params
+    assert providers.format_params(name, params) == formatted
 
 
-def test_cuda_decode_config_round_trips():
-    params = providers.parse_config("cuda_decode", "sk4-w8-r2-s2", 4096, 4096, 132)
-    assert params == (4, 8, 2, 2, 0, 0)
-    assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-s2"
-    params = providers.parse_config("cuda_decode", "sk4-w8-r2-s2-ov1", 4096, 4096, 132)
-    assert params == (4, 8, 2, 2, 0, 1)
-    assert providers.format_params("cuda_decode", params) == "sk4-w8-r2-s2-ov1"
-    params = providers.parse_config("cuda_decode", "sk2-w8-r8-s3-wg1", 4096, 4096, 132)
-    assert params == (2, 8, 8, 3, 1, 0)
-    assert providers.format_params("cuda_decode", params) == "sk2-w8-r8-s3-wg1"
-    assert providers.parse_config("cuda_decode", "sk2-w4-r4-s3-wg2", 4096, 4096, 132)[4] == 2
-    for bad in ("sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2", "sk2-w8-r4-s2-wg1",
-                "sk2-w4-r4-s6-wg1", "sk2-w4-r4-s4-wg2", "sk2-w8-r8-s3-wg2", "sk2-w4-r4-s2-wg3",
-                "sk2-w8-r8-s3", "sk2-w8-r1-s2-ov3"):
-        with pytest.raises(ValueError, match="bad cuda_decode config"):
-            providers.parse_config("cuda_decode", bad, 4096, 4096, 132)
-    # auto split counts block columns: four row warps make a quarter of the columns
+@pytest.mark.parametrize("name,bad", [
+    *(("cuda_tma", bad) for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8", "sk2-s8-ov2")),
+    *(("cuda_decode", bad) for bad in (
+        "sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2", "sk2-w8-r4-s2-wg1",
+        "sk2-w4-r4-s6-wg1", "sk2-w4-r4-s4-wg2", "sk2-w8-r8-s3-wg2", "sk2-w4-r4-s2-wg3",
+        "sk2-w8-r8-s3", "sk2-w8-r1-s2-ov3")),
+])
+def test_bad_cuda_config_raises(name, bad):
+    with pytest.raises(ValueError, match=f"bad {name} config"):
+        providers.parse_config(name, bad, 4096, 4096, 132)
+
+
+def test_cuda_decode_auto_split_counts_block_columns_and_sm80_is_refused():
+    # four row warps make a quarter of the block columns, so auto split goes four times higher
     assert providers.parse_config("cuda_decode", "skauto-w4-r4-s4", 2048, 4096, 132)[0] == 8
     assert providers.provider("cuda_decode").serves("cuda", "sm80", 4096, 4096, (128, 128),
                                                     torch.float8_e4m3fn).startswith("arch sm80")

@@ -294,11 +294,12 @@ def cuda_decode_split(n: int, k: int, sms: int) -> int:
 
 def cuda_tma_split(n: int, k: int, sms: int, stages: int) -> int:
     """K ranges per 64-row column tile for the TMA kernel: as many as fill the blocks the SMs hold
-    at once (shared memory: ``stages`` tiles of the 16-token kernel a block), at most 16, each
-    range at least two groups: one wave, every block's tiles requested at its start."""
-    stage_bytes = 64 * 128 + 16 * 128
-    per_sm = max(1, (227 << 10) // (1024 + stages * (stage_bytes + 8) + 8))
-    tiles = max(1, n // 64)
+    at once (shared memory: ``stages`` tiles of the 16-token kernel a block, 227 KiB an SM), at
+    most 16, each range at least two groups: one wave, every block's tiles requested at its start."""
+    from radiance.kernels.block_fp8_mm import TMA_ROWS, tma_smem_bytes
+
+    per_sm = max(1, (227 << 10) // tma_smem_bytes(stages))
+    tiles = max(1, n // TMA_ROWS)
     return max(1, min(16, per_sm * sms // tiles, k // 256))
 
 

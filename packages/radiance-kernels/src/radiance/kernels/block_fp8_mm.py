@@ -46,6 +46,13 @@ WGMMA_STAGES = {(4, 1): (2, 3, 4, 5), (8, 1): (2, 3), (4, 2): (2, 3), (8, 2): (2
 TMA_ROWS = 64  # weight rows a block of the TMA kernel
 TMA_STAGES = (4, 6, 8, 12)
 
+
+def tma_smem_bytes(stages: int, token_tiles: int = 2) -> int:
+    """Dynamic shared memory of one TMA-kernel block (csrc/block_fp8_mm_tma.cu, tma_smem_bytes):
+    1 KiB of alignment slack, ``stages`` ring stages of a [64 x 128] weight tile plus the tokens'
+    [8 * token_tiles x 128] tile, a transaction barrier a stage and the split-K flag."""
+    return 1024 + stages * (TMA_ROWS * GROUP + 8 * token_tiles * GROUP) + stages * 8 + 8
+
 # The three kernels and their bit in the library's radiance_block_fp8_mm_supported().
 KERNEL_BITS = {"mma_sync": 1, "wgmma": 2, "tma": 4}
 
