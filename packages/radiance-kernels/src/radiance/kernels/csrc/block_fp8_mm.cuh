@@ -98,6 +98,15 @@ RAD_DEVICE bool arrive_last(const BlockFp8MmArgs& p, int& last_block) {
   return true;
 }
 
+// A partial another block of this grid wrote: read from L2, never from a stale L1 line.
+RAD_DEVICE float load_partial(const float* src) {
+#ifdef RADIANCE_HIP
+  return *reinterpret_cast<const volatile float*>(src);
+#else
+  return __ldcg(src);
+#endif
+}
+
 RAD_DEVICE void combine_splits(const BlockFp8MmArgs& p, int n_block, int block_rows, int threads,
                                int& last_block) {
   if (!arrive_last(p, last_block)) return;
@@ -105,12 +114,7 @@ RAD_DEVICE void combine_splits(const BlockFp8MmArgs& p, int n_block, int block_r
     const int token = i / block_rows, row = i % block_rows;
     float s = 0.f;
     for (int y = 0; y < (int)gridDim.y; ++y) {
-      const float* src = p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row;
-#ifdef RADIANCE_HIP
-      s += *reinterpret_cast<const volatile float*>(src);
-#else
-      s += __ldcg(src);  // L2: another block wrote it
-#endif
+      s += load_partial(p.partial + ((int64_t)y * p.M + token) * p.N + n_block + row);
     }
     store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
   }

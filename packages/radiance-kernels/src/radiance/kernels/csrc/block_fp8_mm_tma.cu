@@ -149,25 +149,38 @@ RAD_DEVICE void wgmma_e4m3_ss(float (&d)[TT][4], uint64_t a_desc, uint64_t b_des
 #endif
 
 // Split K: the last block of a column tile to arrive sums the splits' fp32 partials (in split
-// order) and resets the counter, as combine_splits does for the other kernels, but with each
-// thread's values (at M = 16, 8 of the block's 64 rows x 16 tokens) requested together for a
-// split: one L2 round trip a split instead of one a value and split, which at M = 16 cost several
-// microseconds.
+// order) and resets the counter, as combine_splits does for the other kernels, with every value
+// of a thread (at M = 16, 8 of the block's 64 rows x 16 tokens) for kBatch splits requested
+// together: one L2 round trip a batch, instead of one a split or one a value and split (several
+// microseconds more at M = 16). Against the previous run (one split after the other), 8-way
+// splits took 0.84-0.90x the time at 5120x5120, 5120x8192 and 9216x2048 while unsplit launches,
+// which never combine, moved by 0.92-1.05x between the two runs; a same-run comparison is due.
 template <int TT>
 RAD_DEVICE void combine_tma_splits(const BlockFp8MmArgs& p, int n_block, int& last_block) {
   if (!arrive_last(p, last_block)) return;
   constexpr int kPer = kTmaRows * 8 * TT / 128;  // value v of this thread: row t % 64, token 2v + t / 64
+  constexpr int kBatch = 32 / kPer;              // 32 partials in registers at a time
   const int row = threadIdx.x % kTmaRows, token0 = threadIdx.x / kTmaRows;
+  const int splits = (int)gridDim.y;
   float sum[kPer];
 #pragma unroll
   for (int v = 0; v < kPer; ++v) sum[v] = 0.f;
-  for (int y = 0; y < (int)gridDim.y; ++y) {
-    const float* src = p.partial + (int64_t)y * p.M * p.N + n_block + row;
+  for (int y0 = 0; y0 < splits; y0 += kBatch) {
+    float part[kBatch][kPer];
 #pragma unroll
-    for (int v = 0; v < kPer; ++v) {
-      const int token = 2 * v + token0;
-      if (token < p.M) sum[v] += __ldcg(src + (int64_t)token * p.N);  // L2: another block wrote it
+    for (int b = 0; b < kBatch; ++b) {
+      const float* src = p.partial + (int64_t)(y0 + b) * p.M * p.N + n_block + row;
+#pragma unroll
+      for (int v = 0; v < kPer; ++v) {
+        const int token = 2 * v + token0;
+        part[b][v] = y0 + b < splits && token < p.M ? load_partial(src + (int64_t)token * p.N) : 0.f;
+      }
     }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      if (y0 + b < splits)
+#pragma unroll
+        for (int v = 0; v < kPer; ++v) sum[v] += part[b][v];
   }
 #pragma unroll
   for (int v = 0; v < kPer; ++v) {
