@@ -250,6 +250,7 @@ def test_cuda_graph_replay_and_counters(kernel):
     eager = _run(kernel, a, b, sa, sb, split=4, counters=counters, **kw)
     a_in, sa_in = a.clone(), sa.clone()
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the eager call above shares the counters
     with torch.cuda.stream(stream):
         _run(kernel, a_in, b, sa_in, sb, split=4, counters=counters, **kw)  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(stream)

@@ -152,9 +152,9 @@ RAD_DEVICE void wgmma_e4m3_ss(float (&d)[TT][4], uint64_t a_desc, uint64_t b_des
 // order) and resets the counter, as combine_splits does for the other kernels, with every value
 // of a thread (at M = 16, 8 of the block's 64 rows x 16 tokens) for kBatch splits requested
 // together: one L2 round trip a batch, instead of one a split or one a value and split (several
-// microseconds more at M = 16). Against the previous run (one split after the other), 8-way
-// splits took 0.84-0.90x the time at 5120x5120, 5120x8192 and 9216x2048 while unsplit launches,
-// which never combine, moved by 0.92-1.05x between the two runs; a same-run comparison is due.
+// microseconds more at M = 16). Timed against one split after the other in one run (the two
+// builds alternated twice, H200; radiance-gemm's tma_ab.md): 8-way splits 0.85-0.96x the time,
+// the 4-stage auto split of 5120x5120 at M = 4-16 0.82-0.87x, unsplit launches 0.94-1.04x.
 template <int TT>
 RAD_DEVICE void combine_tma_splits(const BlockFp8MmArgs& p, int n_block, int& last_block) {
   if (!arrive_last(p, last_block)) return;

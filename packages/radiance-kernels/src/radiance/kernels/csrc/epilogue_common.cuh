@@ -113,6 +113,50 @@ RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[
   }
 }
 
+// ---- silu, as torch computes it ----------------------------------------------------------
+// s = x / (1 + expf(-x)) in fp32, bit for bit ATen's silu (and RMSNormGated's gate): the same
+// libm expf, the same rounded add, an IEEE division.
+//
+// nvcc expands an fp32 division into a refined reciprocal and one correction (MUFU.RCP and five
+// FMAs) behind a per-quotient check (FCHK) that sends operands the sequence cannot handle
+// (infinite or denormal divisors, quotients near the ends of the exponent range) to a slow
+// routine. Per element that guard costs a compare, a branch and a convergence barrier, and the
+// branches keep the compiler from interleaving the elements' exp -> divide chains, so the
+// division was about a third of these kernels' instructions. Here the sequence is written out
+// and guarded once per N elements: when every |x| <= 80 the divisor 1 + expf(-x) lies in
+// [1, 2^116] and every operand and quotient is a normal number or zero, where the sequence
+// yields the correctly rounded quotient (the slow routine is never needed there). Two changes
+// against nvcc's own expansion keep signed zeros right without a test: the first quotient is a
+// plain multiply (FMA with +0 would turn -0 into +0) and the residual is negated (d*q0 - x, then
+// q0 - y*r), so x = -0 gives -0 / d = -0; for nonzero quotients both forms round the same real
+// numbers. The GPU tests check this against torch over every bf16 and every fp16 input.
+// Outside the range (large |x|, inf, NaN) the plain division runs for all N. HIP: the division.
+template <int N>
+RAD_DEVICE void silu_f32(const float (&x)[N], float (&s)[N]) {
+  float d[N];
+  bool in_range = true;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    d[e] = rad_add(1.0f, expf(-x[e]));
+    in_range &= fabsf(x[e]) <= 80.0f;  // false for NaN
+  }
+#ifndef RADIANCE_HIP
+  if (in_range) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      float y;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d[e]));
+      y = __fmaf_rn(y, __fmaf_rn(-d[e], y, 1.0f), y);
+      const float q0 = rad_mul(x[e], y);
+      s[e] = __fmaf_rn(-y, __fmaf_rn(d[e], q0, -x[e]), q0);
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int e = 0; e < N; ++e) s[e] = x[e] / d[e];
+}
+
 // ---- reductions ---------------------------------------------------------------------------
 // Sum over the tpr threads of one row in this block. The warp part is a butterfly; rows wider
 // than a warp put one partial per warp in shared memory, which every thread of the row then adds
@@ -297,25 +341,59 @@ RAD_DEVICE float quant_scale(uint32_t amax_bits, int fmt) {
 }
 
 // x / s correctly rounded, from r = RN(1/s): q0 = RN(x*r) is within 1 ulp of x/s, the residual
-// x - s*q0 is exact in one FMA, and RN(q0 + residual*r) is then RN(x/s) (Markstein's theorem for
+// s*q0 - x is exact in one FMA, and RN(q0 - residual*r) is then RN(x/s) (Markstein's theorem for
 // round-to-nearest; needs a finite s and a quotient clear of overflow, which clamped scales
 // guarantee: |x/s| <= FP8_MAX * (1 + 2^-23)). Cheaper than a full IEEE division per element;
-// callers use the plain division where s is not finite.
+// callers use the plain division where s is not finite. The residual is taken negated so that
+// zeros keep their sign with no extra instruction: x = -0 gives q0 = -0, residual +0 and
+// -0 + -0 = -0, as torch's division (and its cast to code 0x80) has it; with the residual
+// x - s*q0 the +0 residual would turn the sum into +0. Nonzero quotients round the same reals.
 RAD_DEVICE float div_by_scale(float x, float s, float r) {
   const float q0 = rad_mul(x, r);
-  const float e = fmaf(-s, q0, x);
-  // s > 0, so x / s has x's sign, zeros included; the correction step alone would turn x = -0
-  // into +0 (-0 + +0 rounds to +0), where torch's division keeps -0 and its cast gives code 0x80.
-  return copysignf(fmaf(e, r, q0), x);
+  return fmaf(-fmaf(s, q0, -x), r, q0);
+}
+
+// A scale whose reciprocal and quotients stay well inside fp32's normal range: [2^-100, 2^100]
+// (false for inf and NaN). Clamped scales are >= 1/(FP8_MAX*512), so only an amax beyond 2^108
+// or a non-finite one leaves it.
+RAD_DEVICE bool moderate_scale(float s) {
+  return rad_f2u(s) - 0x0D800000u <= 0x71800000u - 0x0D800000u;
+}
+
+// RN(1/s) for a moderate s: nvcc's own expansion of an IEEE reciprocal (MUFU.RCP, then one
+// Newton step as two FMAs) without its range check and branch, which a moderate s always passes.
+// HIP: the division.
+RAD_DEVICE float rcp_moderate(float s) {
+#ifdef RADIANCE_HIP
+  return 1.0f / s;
+#else
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  return __fmaf_rn(r, -__fmaf_rn(r, s, -1.0f), r);
+#endif
 }
 
 // Quantizes 8 act-dtype values (given as floats) of one vector with scale s and stores 8 codes.
-// GROUP: true division; else multiply by recip (= RN(1/s)). Fast path (NVIDIA, e4m3fn, finite
-// scale): the saturating hardware conversion; otherwise clamp + the bit-exact software cast.
+// GROUP: true division by s (recip is ignored and derived here, per group); else a multiply by
+// recip = RN(1/s). The common case takes one branch: on NVIDIA, e4m3fn and a moderate scale,
+// the reciprocal written out, the quotients by div_by_scale and the saturating hardware
+// conversion. Otherwise (HIP, fnuz, an extreme or non-finite scale): the IEEE division where
+// Markstein's conditions fail, and clamp + the bit-exact software cast.
 template <bool GROUP>
 RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt, void* dst) {
   float q[8];
+#ifndef RADIANCE_HIP
+  if (fmt == RAD_FP8_FN && moderate_scale(s)) {
+    if (GROUP) recip = rcp_moderate(s);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[e] = GROUP ? div_by_scale(f[e], s, recip) : rad_mul(f[e], recip);
+    st8(dst, make_uint2(rad_fp8_fn_pair_finite(q[0], q[1]) | (rad_fp8_fn_pair_finite(q[2], q[3]) << 16),
+                        rad_fp8_fn_pair_finite(q[4], q[5]) | (rad_fp8_fn_pair_finite(q[6], q[7]) << 16)));
+    return;
+  }
+#endif
   const bool finite = rad_isfinite(s);
+  if (GROUP) recip = 1.0f / s;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     if (GROUP)
@@ -341,6 +419,17 @@ RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt,
   st8(dst, make_uint2(lo, hi));
 }
 
+// Largest |x| of the 8 act-dtype values packed in v, as abs_bits of that value in fp32. A 16-bit
+// float's magnitudes order like its bit patterns with the sign cleared (NaN above inf, as in
+// fp32), so the max runs on the packed halves, two at a time, and only the winner is widened:
+// 7 instructions a vector instead of an unpack, a mask and a max per value.
+template <bool BF16>
+RAD_DEVICE uint32_t amax8_bits(const uint4& v) {
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  const uint32_t m = rad_vmaxu2(rad_vmaxu2(v.x & kAbs, v.y & kAbs), rad_vmaxu2(v.z & kAbs, v.w & kAbs));
+  return abs_bits(rad_act_to_f32<BF16>(max(m & 0xFFFFu, m >> 16)));
+}
+
 // The quant tail shared by all three ops. o[v] holds the row's output (act dtype, packed) for
 // vector c = v*rt + t; `on[v]` says whether that vector exists. Writes q and the scale(s).
 // `summed`: the row sum already crossed the cluster (add_rms_quant), so the max is its second
@@ -350,28 +439,23 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const
                              int tpr, int split, int64_t K, uint8_t* q, float* scale, int fmt,
                              RowShared& sh, bool summed) {
   const int t = rth.t, rt = rth.rt;
-  const int64_t row = rth.row;
+  // Row bases once per row; a vector's index c = v*rt + t < K/8 fits an int, and c >> 4 is its
+  // group (signed 64-bit divisions here cost a dozen instructions a vector).
+  uint8_t* const q_row = q + rth.row * K;
   uint32_t vmax[VPT];
 #pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    float f[8];
-    unpack8<BF16>(o[v], f);
-    uint32_t m = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) m = max(m, abs_bits(f[e]));
-    vmax[v] = on[v] ? m : 0u;
-  }
+  for (int v = 0; v < VPT; ++v) vmax[v] = on[v] ? amax8_bits<BF16>(o[v]) : 0u;
   if (GROUP) {
+    float* const scale_row = scale + rth.row * (K >> 7);
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
       const float s = quant_scale(group16_max_u32(vmax[v]), fmt);
       if (!on[v]) continue;
-      const float r = 1.0f / s;
-      const int64_t c = (int64_t)v * rt + t;
-      if ((t & 15) == 0) scale[row * (K / 128) + c / 16] = s;
+      const int c = v * rt + t;
+      if ((t & 15) == 0) scale_row[c >> 4] = s;
       float f[8];
       unpack8<BF16>(o[v], f);
-      quant_store8<true>(f, s, r, fmt, q + row * K + c * 8);
+      quant_store8<true>(f, s, 0.0f, fmt, q_row + c * 8);
     }
   } else {
     uint32_t m = 0;
@@ -381,13 +465,13 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const
     m = cluster_row_max(m, split, sh, !summed);
     const float s = quant_scale(m, fmt);
     const float r = 1.0f / s;  // torch: scale.reciprocal()
-    if (rth.row_ok && t == 0) scale[row] = s;
+    if (rth.row_ok && t == 0) scale[rth.row] = s;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
       if (!on[v]) continue;
       float f[8];
       unpack8<BF16>(o[v], f);
-      quant_store8<false>(f, s, r, fmt, q + row * K + ((int64_t)v * rt + t) * 8);
+      quant_store8<false>(f, s, r, fmt, q_row + (v * rt + t) * 8);
     }
   }
 }

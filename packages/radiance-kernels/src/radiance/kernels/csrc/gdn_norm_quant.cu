@@ -65,13 +65,12 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     for (int off = 16; off > 0; off >>= 1)
       if (off < a.head_lanes) ss += rad_shfl_xor(ss, off);
     const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
-    uint32_t h[8];
+    float gate[8], out[8];
+    silu_f32(zf, gate);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float gate = zf[e] / rad_add(1.0f, expf(-zf[e]));
-      h[e] = rad_f32_to_act<BF16>(rad_mul(rad_mul(rad_mul(xf[e], rs), w[e]), gate));
-    }
-    o[v] = pack8(h);
+    for (int e = 0; e < 8; ++e) out[e] = rad_mul(rad_mul(rad_mul(xf[e], rs), w[e]), gate[e]);
+    o[v] = make_uint4(rad_f32x2_to_act<BF16>(out[0], out[1]), rad_f32x2_to_act<BF16>(out[2], out[3]),
+                      rad_f32x2_to_act<BF16>(out[4], out[5]), rad_f32x2_to_act<BF16>(out[6], out[7]));
   }
   quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh,
                                  /*summed=*/false);

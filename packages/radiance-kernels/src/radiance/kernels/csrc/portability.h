@@ -114,6 +114,15 @@ RAD_DEVICE float rad_shfl_xor(float v, int m) { return __shfl_xor_sync(0xFFFFFFF
 RAD_DEVICE uint32_t rad_shfl_xor(uint32_t v, int m) { return __shfl_xor_sync(0xFFFFFFFFu, v, m); }
 #endif
 
+// Per 16-bit half: the unsigned max of a's and b's halves.
+RAD_DEVICE uint32_t rad_vmaxu2(uint32_t a, uint32_t b) {
+#ifdef RADIANCE_HIP
+  return max(a & 0xFFFFu, b & 0xFFFFu) | (max(a >> 16, b >> 16) << 16);
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
 // ---- 16-bit floats as raw bits ------------------------------------------------------------
 RAD_DEVICE float rad_bf16_to_f32(uint32_t h) { return rad_u2f(h << 16); }
 
@@ -140,6 +149,23 @@ RAD_DEVICE float rad_act_to_f32(uint32_t h) {
 template <bool BF16>
 RAD_DEVICE uint32_t rad_f32_to_act(float f) {
   return BF16 ? rad_f32_to_bf16(f) : rad_f32_to_f16(f);
+}
+
+// Two floats to two act-dtype values in one word (a in the low half), rounded exactly as the
+// single conversions round; on NVIDIA one paired conversion instruction instead of two
+// conversions and a merge.
+template <bool BF16>
+RAD_DEVICE uint32_t rad_f32x2_to_act(float a, float b) {
+#ifdef RADIANCE_HIP
+  return rad_f32_to_act<BF16>(a) | (rad_f32_to_act<BF16>(b) << 16);
+#else
+  if (BF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+#endif
 }
 
 // ---- FP8 e4m3 -----------------------------------------------------------------------------

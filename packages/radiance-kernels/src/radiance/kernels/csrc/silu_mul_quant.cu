@@ -48,14 +48,16 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
     float g[8], u[8];
     unpack8<BF16>(gv[v], g);
     unpack8<BF16>(uv[v], u);
-    uint32_t h[8];
+    float s[8];
+    silu_f32(g, s);
+    uint32_t w[4];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float s = g[e] / rad_add(1.0f, expf(-g[e]));
-      const float sr = rad_act_to_f32<BF16>(rad_f32_to_act<BF16>(s));
-      h[e] = rad_f32_to_act<BF16>(rad_mul(sr, u[e]));
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t sr = rad_f32x2_to_act<BF16>(s[2 * p], s[2 * p + 1]);
+      w[p] = rad_f32x2_to_act<BF16>(rad_mul(rad_act_to_f32<BF16>(sr & 0xFFFFu), u[2 * p]),
+                                    rad_mul(rad_act_to_f32<BF16>(sr >> 16), u[2 * p + 1]));
     }
-    o[v] = pack8(h);
+    o[v] = make_uint4(w[0], w[1], w[2], w[3]);
   }
   quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh,
                                  /*summed=*/false);
