@@ -4,9 +4,10 @@ Times are medians of CUDA-graph replays: each graph holds CALLS calls on rotatin
 (together larger than L2 where the size allows), divided by CALLS. At decode sizes (L2_MS) the
 kernel and the compiled chain are also timed on two input sets, which stay in L2: what a decode
 step sees when the previous kernel has just written the inputs; the rotated sets of M = 64 at
-K >= 4096 fill L2, so the main column reads them from HBM there, while M <= 8 fits in L2 anyway. The baseline is the reference
-chain compiled once per (op, group, K) with M dynamic (what vLLM's traced graph does), with the
-recompile limit raised and fullgraph=True, so what is timed is compiled code, never eager.
+K >= 4096 fill L2, so the main column reads them from HBM there, while M <= 8 fits in L2 anyway.
+The baseline is the reference chain compiled once per (op, group, K) with M dynamic (what
+vLLM's traced graph does), with the recompile limit raised and fullgraph=True, so what is timed
+is compiled code, never eager.
 
     python benchmarks/bench_epilogues.py --out benchmarks/results/epilogues
 """
