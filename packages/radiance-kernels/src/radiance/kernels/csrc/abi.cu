@@ -64,8 +64,11 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 //    large-M layouts (silu_mul_quant per token, K = 5120) and at most 7% slower at any op and K
 //    (the "vpt" variants at M = 512 in benchmarks/results/epilogues).
 //  - Large M is bandwidth- and issue-bound: per-token rows run best with 4 vectors a thread
-//    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows with 2
-//    (the 16-lane group reduction then spans fewer vectors per thread).
+//    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows of
+//    add_rms_quant and gdn_norm_quant with 2 (level with 4 or better). Group-128 silu_mul_quant
+//    rows take 4 from K = 4096: with its division written out (silu_f32) it has the fewest
+//    instructions a value of the three, and 4 vectors a thread ran 1.02-1.13x faster than 2 at
+//    M 2048 and 8192, K 4096-8192; at K = 2048 the two are level.
 // Exact divisors of the row are preferred (no idle lanes); several short rows share a block
 // when a row needs fewer than 128 threads at large M. Resident blocks streaming rows through a
 // cp.async shared-memory ring (loads of the next rows in flight during the math) were timed too
@@ -119,7 +122,7 @@ LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group, 
   else if (M <= 1024)  // mid M
     order = group ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide) : kMidPerToken;
   else
-    order = group ? kBulkGroup : kBulkPerToken;
+    order = group && !(op == kOpSiluMul && nvec >= 512) ? kBulkGroup : kBulkPerToken;
   LaunchConfig cfg = {0, 0, 1, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
@@ -152,7 +155,7 @@ int host_warp_size() {
   if (rad_get_device(&dev) != rad_success || dev < 0) return 64;
   if (dev >= 64) {
     int w = 64;
-    rad_device_warp_size(dev, &w);
+    if (rad_device_warp_size(dev, &w) != rad_success) w = 64;
     return w;
   }
   if (cached[dev] == 0) {

@@ -95,6 +95,13 @@ RAD_DEVICE void unpack8(const uint4& v, float (&f)[8]) {
   for (int e = 0; e < 8; ++e) f[e] = rad_act_to_f32<BF16>(half_of(v, e));
 }
 
+// 8 floats rounded to the act dtype, packed (paired conversions).
+template <bool BF16>
+RAD_DEVICE uint4 pack8_act(const float (&f)[8]) {
+  return make_uint4(rad_f32x2_to_act<BF16>(f[0], f[1]), rad_f32x2_to_act<BF16>(f[2], f[3]),
+                    rad_f32x2_to_act<BF16>(f[4], f[5]), rad_f32x2_to_act<BF16>(f[6], f[7]));
+}
+
 // Loads 8 weights of any storage dtype (0 bf16, 1 fp16, 2 fp32) as floats.
 RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[8]) {
   if (wdtype == 2) {
