@@ -61,6 +61,9 @@ def time_points(label: str, out: pathlib.Path) -> int:
 
 
 def compare(path: pathlib.Path, base: str, new: str, md: pathlib.Path | None) -> int:
+    if not path.exists():
+        print(f"ab_epilogues: {path} does not exist (nothing was timed)")
+        return 1
     best: dict[tuple, dict[str, float]] = defaultdict(dict)
     libraries: dict[str, set[str]] = defaultdict(set)
     for line in path.read_text().splitlines():
