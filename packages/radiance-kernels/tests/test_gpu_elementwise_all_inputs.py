@@ -10,6 +10,13 @@ path only when all 8 values of a vector are in range, so the inputs run twice: i
 order (mixed vectors take the plain division) and partitioned so that every in-range value goes
 through the fast path and every other value through the division.
 
+``silu_mul_quant`` and ``add_rms_quant`` (weight in the activation dtype) end with a product of
+two 16-bit values rounded to the activation dtype, which they compute with one paired 16-bit
+multiply (``rad_mul_act2`` in portability.h) instead of torch's fp32 multiply and cast. It is
+checked on every pair of 16-bit inputs, 2^32 per dtype: bit for bit, except bf16 products under
+2^-126, where fp32's subnormal rounding comes first on torch's path; there the two must agree in
+sign and be at most 2^-126 (such values quantize to a zero of their sign either way).
+
 The group-128 quant divides each value by its group's scale with one multiply and two FMAs
 (``div_by_scale``), from a reciprocal written out as nvcc expands an IEEE one
 (``rcp_moderate``). The reciprocal is checked against ``torch.reciprocal`` for every fp32
@@ -57,6 +64,8 @@ def probe(tmp_path_factory):
     lib.div_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
     lib.rcp_probe.restype = ctypes.c_int
     lib.rcp_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.mul_act2_probe.restype = ctypes.c_int
+    lib.mul_act2_probe.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
     return lib
 
 
@@ -138,3 +147,30 @@ def test_scale_reciprocal_matches_torch_for_every_mantissa(probe, exponent):
     want = torch.reciprocal(s)
     differ = got != want.view(torch.int32)
     assert not bool(differ.any()), s[differ][:8].tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_paired_product_matches_torch_on_every_pair(probe, dtype):
+    every = _every()
+    chunk = 1024  # b values per pass: 2^26 pairs
+    tiny = 2.0**-126
+    for start in range(0, every.numel(), chunk):
+        a = every.repeat(chunk)
+        b = every[start:start + chunk].repeat_interleave(every.numel())
+        got = torch.empty_like(a)
+        assert probe.mul_act2_probe(a.data_ptr(), b.data_ptr(), got.data_ptr(), a.numel() // 2,
+                                    int(dtype == torch.bfloat16)) == 0
+        torch.cuda.synchronize()
+        want = a.view(dtype) * b.view(dtype)  # torch: fp32 product, one cast
+        got_v, want_v = got.view(dtype).float(), want.float()
+        exact = (got == want.view(torch.int16)) | (torch.isnan(got_v) & torch.isnan(want_v))
+        if dtype == torch.bfloat16:
+            # under fp32's normal range: both tiny (or zero) and of the same sign
+            exempt = (want_v.abs() <= tiny) & (got_v.abs() <= tiny) & (
+                torch.signbit(got_v) == torch.signbit(want_v))
+            exact |= exempt
+        if not bool(exact.all()):
+            i = (~exact).nonzero()[:8, 0]
+            pytest.fail(f"{int((~exact).sum())} pairs differ, e.g. a={a.view(dtype)[i].tolist()} "
+                        f"b={b.view(dtype)[i].tolist()} got={got_v[i].tolist()} want={want_v[i].tolist()}")

@@ -2,7 +2,7 @@
 // the epilogue kernels' element math (epilogue_common.cuh) applied to given inputs, writing the
 // fp32 results' bits: silu_f32 on 16-bit inputs, 8 values at a time as the kernels apply it;
 // the group quant's division by the group scale (div_by_scale with rcp_moderate's reciprocal,
-// as quant_store8 computes them); and rcp_moderate alone.
+// as quant_store8 computes them); rcp_moderate alone; and rad_mul_act2, the paired 16-bit product.
 #include "epilogue_common.cuh"
 
 template <bool BF16>
@@ -54,5 +54,25 @@ __global__ void rcp_probe_kernel(const float* in, uint32_t* out, int64_t n) {
 RAD_EXPORT int rcp_probe(const void* in, void* out, int64_t n) {
   const dim3 block(256), grid((unsigned)((n + 255) / 256));
   rcp_probe_kernel<<<grid, block>>>(static_cast<const float*>(in), static_cast<uint32_t*>(out), n);
+  return (int)rad_get_last_error();
+}
+
+template <bool BF16>
+__global__ void mul_act2_probe_kernel(const uint32_t* a, const uint32_t* b, uint32_t* out,
+                                      int64_t words) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < words) out[i] = rad_mul_act2<BF16>(a[i], b[i]);
+}
+
+// Elementwise a * b of two arrays of packed 16-bit values (2 per word), rounded to their dtype.
+RAD_EXPORT int mul_act2_probe(const void* a, const void* b, void* out, int64_t words, int bf16) {
+  const dim3 block(256), grid((unsigned)((words + 255) / 256));
+  const auto* pa = static_cast<const uint32_t*>(a);
+  const auto* pb = static_cast<const uint32_t*>(b);
+  auto* dst = static_cast<uint32_t*>(out);
+  if (bf16)
+    mul_act2_probe_kernel<true><<<grid, block>>>(pa, pb, dst, words);
+  else
+    mul_act2_probe_kernel<false><<<grid, block>>>(pa, pb, dst, words);
   return (int)rad_get_last_error();
 }

@@ -64,8 +64,11 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 //    large-M layouts (silu_mul_quant per token, K = 5120) and at most 7% slower at any op and K
 //    (the "vpt" variants at M = 512 in benchmarks/results/epilogues).
 //  - Large M is bandwidth- and issue-bound: per-token rows run best with 4 vectors a thread
-//    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows with 2
-//    (the 16-lane group reduction then spans fewer vectors per thread).
+//    (fewer, longer-lived threads; up to 20% faster than 2 at K = 8192), group-128 rows of
+//    add_rms_quant and gdn_norm_quant with 2 (level with 4 or better). Group-128 silu_mul_quant
+//    rows take 4 from K = 4096: with its division written out (silu_f32) it has the fewest
+//    instructions a value of the three, and 4 vectors a thread ran 1.02-1.13x faster than 2 at
+//    M 2048 and 8192, K 4096-8192; at K = 2048 the two are level.
 // Exact divisors of the row are preferred (no idle lanes); several short rows share a block
 // when a row needs fewer than 128 threads at large M. Resident blocks streaming rows through a
 // cp.async shared-memory ring (loads of the next rows in flight during the math) were timed too
@@ -82,8 +85,13 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 //    once; pays from ~384 moved vectors (K = 4096 with S = 4; K = 8192 with S = 2, at M = 64).
 //  - add_rms_quant per token (sum, then max): twice; pays from ~768 (K = 8192, S >= 4).
 // S is the largest of 8, 4, 2 that keeps each block's slice a whole number of warps of at least
-// g_min_split_vectors vectors and every block resident at once (M * S <= SMs); if that S moves
-// too few vectors, the row is not split. sm_90+ only (clusters).
+// g_min_split_vectors vectors and one block of the grid a SM (M * S <= SMs) where the blocks
+// exchange; if that S moves too few vectors, the row is not split. Blocks that never exchange
+// need no such spread: up to 4 a SM (M * S <= 4 * SMs, blocks of 128-640 threads). At M = 64,
+// K = 8192 that is 8 blocks a row instead of 2: 2.14 against 2.54 µs for group-128
+// silu_mul_quant, 2.75 against 2.89 for gdn_norm_quant (their split variants in the 12:16 UTC
+// table; at K = 4096 silu_mul_quant 1.48 against 1.67 with 4 blocks, gdn_norm_quant 1.91
+// against 1.91). sm_90+ only (clusters).
 static int pick_split(int op, int64_t M, int64_t nvec, bool group) {
   const DeviceFacts dev = device_facts();
   if (dev.major < 9) return 1;
@@ -91,7 +99,8 @@ static int pick_split(int op, int64_t M, int64_t nvec, bool group) {
   const int64_t min_moved = exchanges ? 384 * exchanges : 128;
   for (int s = 8; s > 1; s >>= 1) {
     const int64_t slice = nvec / s;
-    if (nvec % s || slice % 32 || slice < g_min_split_vectors || M * s > dev.sms) continue;
+    if (nvec % s || slice % 32 || slice < g_min_split_vectors) continue;
+    if (M * s > (exchanges ? 1 : 4) * (int64_t)dev.sms) continue;
     return nvec - slice >= min_moved ? s : 1;
   }
   return 1;
@@ -119,7 +128,7 @@ LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group, 
   else if (M <= 1024)  // mid M
     order = group ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide) : kMidPerToken;
   else
-    order = group ? kBulkGroup : kBulkPerToken;
+    order = group && !(op == kOpSiluMul && nvec >= 512) ? kBulkGroup : kBulkPerToken;
   LaunchConfig cfg = {0, 0, 1, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
@@ -152,7 +161,7 @@ int host_warp_size() {
   if (rad_get_device(&dev) != rad_success || dev < 0) return 64;
   if (dev >= 64) {
     int w = 64;
-    rad_device_warp_size(dev, &w);
+    if (rad_device_warp_size(dev, &w) != rad_success) w = 64;
     return w;
   }
   if (cached[dev] == 0) {

@@ -18,11 +18,13 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   cluster_row_begin(split, sh);
   add_rms_prefetch_weights<VPT>(a, rth, on, wv);
   rad_wait_prior_grids();
+  const uint16_t* const y_row = a.y + rth.row * a.y_stride;  // c < K/8 fits an int
+  const uint16_t* const res_row = a.residual + rth.row * a.K;
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * rth.rt + rth.t;
-    yv[v] = on[v] ? ld16(a.y + rth.row * a.y_stride + c * 8) : z;
-    rv[v] = on[v] && has_res ? ld16(a.residual + rth.row * a.K + c * 8) : z;
+    const int c = v * rth.rt + rth.t;
+    yv[v] = on[v] ? ld16(y_row + c * 8) : z;
+    rv[v] = on[v] && has_res ? ld16(res_row + c * 8) : z;
   }
   rad_release_dependents();
   add_rms_finish<VPT, BF16, GROUP>(a, yv, rv, wv, on, rth, sh);

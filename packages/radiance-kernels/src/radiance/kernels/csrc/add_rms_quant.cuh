@@ -57,7 +57,7 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
                                const uint4 (&wv)[VPT], const bool (&on)[VPT], const RowThread& rth,
                                RowShared& sh) {
   const int t = rth.t, rt = rth.rt;
-  const int64_t row = rth.row;
+  uint16_t* const res_out_row = a.residual_out + rth.row * a.K;
   const int split = split_for<VPT>(a.split);
   const bool has_res = a.residual != nullptr;
   const bool w16 = a.wdtype != 2;
@@ -68,52 +68,59 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     float fy[8], fr[8];
     unpack8<BF16>(yv[v], fy);
     unpack8<BF16>(rv[v], fr);
-    uint32_t h[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       x[v][e] = has_res ? rad_add(fy[e], fr[e]) : fy[e];
-      h[e] = rad_f32_to_act<BF16>(x[v][e]);
       ss = rad_add(ss, rad_mul(x[v][e], x[v][e]));
     }
-    if (on[v] && has_res) st16(a.residual_out + row * a.K + ((int64_t)v * rt + t) * 8, pack8(h));
+    if (on[v] && has_res) st16(res_out_row + (v * rt + t) * 8, pack8_act<BF16>(x[v]));
   }
   ss = cluster_row_sum(row_sum(ss, a.tpr, sh.red_sum), split, sh, /*first=*/true);
   const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
 
   uint4 o[VPT];
+  if (!a.gemma && a.wdtype == (BF16 ? 0 : 1)) {  // weight in the activation dtype: the common case
+    // h = act(float(act(x * rs)) * float(w)): a product of two 16-bit values, rounded once
+    // (rad_mul_act2), straight from the packed weight.
 #pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * rt + t;
-    float w[8];
-    if (w16) {
+    for (int v = 0; v < VPT; ++v) {
+      uint32_t h2[4];
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        w[e] = a.wdtype == 0 ? rad_bf16_to_f32(half_of(wv[v], e)) : rad_f16_to_f32(half_of(wv[v], e));
-    } else if (on[v]) {
-      load_weight8(a.weight, 2, c * 8, w);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) w[e] = 0.0f;
+      for (int p = 0; p < 4; ++p)
+        h2[p] = rad_mul_act2<BF16>(
+            rad_f32x2_to_act<BF16>(rad_mul(x[v][2 * p], rs), rad_mul(x[v][2 * p + 1], rs)),
+            word_of(wv[v], p));
+      o[v] = make_uint4(h2[0], h2[1], h2[2], h2[3]);
     }
-    uint32_t h[8];
-    if (a.gemma) {
+  } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        h[e] = rad_f32_to_act<BF16>(rad_mul(rad_mul(x[v][e], rs), rad_add(w[e], 1.0f)));
-    } else if (a.wdtype == (BF16 ? 0 : 1)) {  // weight in the activation dtype: the common case
+    for (int v = 0; v < VPT; ++v) {
+      const int c = v * rt + t;
+      float w[8];
+      if (w16) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float n = rad_act_to_f32<BF16>(rad_f32_to_act<BF16>(rad_mul(x[v][e], rs)));
-        h[e] = rad_f32_to_act<BF16>(rad_mul(n, w[e]));
+        for (int e = 0; e < 8; ++e)
+          w[e] = a.wdtype == 0 ? rad_bf16_to_f32(half_of(wv[v], e)) : rad_f16_to_f32(half_of(wv[v], e));
+      } else if (on[v]) {
+        load_weight8(a.weight, 2, c * 8, w);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] = 0.0f;
       }
-    } else {
+      uint32_t h[8];
+      if (a.gemma) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float n = round_to<BF16>(a.wdtype, rad_mul(x[v][e], rs));
-        h[e] = rad_f32_to_act<BF16>(round_to<BF16>(a.wdtype, rad_mul(n, w[e])));
+        for (int e = 0; e < 8; ++e)
+          h[e] = rad_f32_to_act<BF16>(rad_mul(rad_mul(x[v][e], rs), rad_add(w[e], 1.0f)));
+      } else {  // weight in another dtype than the activations
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float n = round_to<BF16>(a.wdtype, rad_mul(x[v][e], rs));
+          h[e] = rad_f32_to_act<BF16>(round_to<BF16>(a.wdtype, rad_mul(n, w[e])));
+        }
       }
+      o[v] = pack8(h);
     }
-    o[v] = pack8(h);
   }
   quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.K, a.q, a.scale, a.fmt, sh,
                                  /*summed=*/true);

@@ -95,6 +95,13 @@ RAD_DEVICE void unpack8(const uint4& v, float (&f)[8]) {
   for (int e = 0; e < 8; ++e) f[e] = rad_act_to_f32<BF16>(half_of(v, e));
 }
 
+// 8 floats rounded to the act dtype, packed (paired conversions).
+template <bool BF16>
+RAD_DEVICE uint4 pack8_act(const float (&f)[8]) {
+  return make_uint4(rad_f32x2_to_act<BF16>(f[0], f[1]), rad_f32x2_to_act<BF16>(f[2], f[3]),
+                    rad_f32x2_to_act<BF16>(f[4], f[5]), rad_f32x2_to_act<BF16>(f[6], f[7]));
+}
+
 // Loads 8 weights of any storage dtype (0 bf16, 1 fp16, 2 fp32) as floats.
 RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[8]) {
   if (wdtype == 2) {
@@ -379,6 +386,14 @@ RAD_DEVICE float rcp_moderate(float s) {
 // the reciprocal written out, the quotients by div_by_scale and the saturating hardware
 // conversion. Otherwise (HIP, fnuz, an extreme or non-finite scale): the IEEE division where
 // Markstein's conditions fail, and clamp + the bit-exact software cast.
+#ifndef RADIANCE_HIP
+// 8 finite quotients as e4m3fn codes (the saturating hardware conversion), packed for st8.
+RAD_DEVICE uint2 fn_codes8(const float (&q)[8]) {
+  return make_uint2(rad_fp8_fn_pair_finite(q[0], q[1]) | (rad_fp8_fn_pair_finite(q[2], q[3]) << 16),
+                    rad_fp8_fn_pair_finite(q[4], q[5]) | (rad_fp8_fn_pair_finite(q[6], q[7]) << 16));
+}
+#endif
+
 template <bool GROUP>
 RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt, void* dst) {
   float q[8];
@@ -387,8 +402,7 @@ RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt,
     if (GROUP) recip = rcp_moderate(s);
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[e] = GROUP ? div_by_scale(f[e], s, recip) : rad_mul(f[e], recip);
-    st8(dst, make_uint2(rad_fp8_fn_pair_finite(q[0], q[1]) | (rad_fp8_fn_pair_finite(q[2], q[3]) << 16),
-                        rad_fp8_fn_pair_finite(q[4], q[5]) | (rad_fp8_fn_pair_finite(q[6], q[7]) << 16)));
+    st8(dst, fn_codes8(q));
     return;
   }
 #endif
@@ -401,20 +415,17 @@ RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt,
     else
       q[e] = rad_mul(f[e], recip);
   }
-  uint32_t lo, hi;
 #ifndef RADIANCE_HIP
   if (fmt == RAD_FP8_FN && finite) {
-    lo = rad_fp8_fn_pair_finite(q[0], q[1]) | (rad_fp8_fn_pair_finite(q[2], q[3]) << 16);
-    hi = rad_fp8_fn_pair_finite(q[4], q[5]) | (rad_fp8_fn_pair_finite(q[6], q[7]) << 16);
-  } else
+    st8(dst, fn_codes8(q));
+    return;
+  }
 #endif
-  {
-    lo = hi = 0;
+  uint32_t lo = 0, hi = 0;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      lo |= rad_fp8_clamp_encode(q[e], fmt) << (8 * e);
-      hi |= rad_fp8_clamp_encode(q[e + 4], fmt) << (8 * e);
-    }
+  for (int e = 0; e < 4; ++e) {
+    lo |= rad_fp8_clamp_encode(q[e], fmt) << (8 * e);
+    hi |= rad_fp8_clamp_encode(q[e + 4], fmt) << (8 * e);
   }
   st8(dst, make_uint2(lo, hi));
 }

@@ -168,6 +168,30 @@ RAD_DEVICE uint32_t rad_f32x2_to_act(float a, float b) {
 #endif
 }
 
+// act(float(a) * float(b)) for both halves of two packed act-dtype words, as torch computes a
+// 16-bit product (fp32 opmath, one cast). Two 16-bit significands multiply exactly in fp32's 24
+// bits, so that is the exact product rounded once to the act dtype, which is what the paired
+// 16-bit multiply does: on NVIDIA one instruction instead of four unpacks, two multiplies and a
+// conversion. One exception, bf16 only: a product under 2^-126 (below fp32's normal range) is
+// rounded to fp32's subnormal grid first, so the two may differ there in the last bit or by a
+// flush to a zero of the same sign. The epilogues only quantize such values, and every value under
+// 2^-126 divided by a clamped scale (>= 1/(448*512)) has code +-0 by its sign, in both.
+template <bool BF16>
+RAD_DEVICE uint32_t rad_mul_act2(uint32_t a, uint32_t b) {
+#if defined(RADIANCE_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)  // no bf16x2 math
+  const float lo = rad_mul(rad_act_to_f32<BF16>(a & 0xFFFFu), rad_act_to_f32<BF16>(b & 0xFFFFu));
+  const float hi = rad_mul(rad_act_to_f32<BF16>(a >> 16), rad_act_to_f32<BF16>(b >> 16));
+  return rad_f32x2_to_act<BF16>(lo, hi);
+#else
+  uint32_t d;
+  if (BF16)  // fma with -0 is an exact multiply, signed zeros included (sm_80+, no mul.bf16x2)
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  else
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#endif
+}
+
 // ---- FP8 e4m3 -----------------------------------------------------------------------------
 // Formats: 0 = e4m3fn (OCP; NVIDIA, RDNA4), 1 = e4m3fnuz (MI300-class).
 // The quant range is vLLM's: +-448 for fn, +-224 for fnuz (vLLM deliberately uses 224, not the

@@ -32,31 +32,26 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   uint4 gv[VPT], uv[VPT];
   cluster_row_begin(GROUP ? 1 : split, sh);  // group-128 split blocks never talk
   rad_wait_prior_grids();
+  const uint16_t* const gate_row = a.gu + rth.row * a.gu_stride;  // c < nvec fits an int
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    const int c = v * rth.rt + rth.t;
     on[v] = rth.row_ok && c < nvec;
-    const uint16_t* base = a.gu + rth.row * a.gu_stride + c * 8;
     const uint4 z = make_uint4(0, 0, 0, 0);
-    gv[v] = on[v] ? ld16(base) : z;
-    uv[v] = on[v] ? ld16(base + a.N) : z;
+    gv[v] = on[v] ? ld16(gate_row + c * 8) : z;
+    uv[v] = on[v] ? ld16(gate_row + a.N + c * 8) : z;
   }
   rad_release_dependents();
   uint4 o[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    float g[8], u[8];
+    float g[8], s[8];
     unpack8<BF16>(gv[v], g);
-    unpack8<BF16>(uv[v], u);
-    float s[8];
     silu_f32(g, s);
     uint32_t w[4];
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t sr = rad_f32x2_to_act<BF16>(s[2 * p], s[2 * p + 1]);
-      w[p] = rad_f32x2_to_act<BF16>(rad_mul(rad_act_to_f32<BF16>(sr & 0xFFFFu), u[2 * p]),
-                                    rad_mul(rad_act_to_f32<BF16>(sr >> 16), u[2 * p + 1]));
-    }
+    for (int p = 0; p < 4; ++p)  // act(silu) times up: one rounded 16-bit product (rad_mul_act2)
+      w[p] = rad_mul_act2<BF16>(rad_f32x2_to_act<BF16>(s[2 * p], s[2 * p + 1]), word_of(uv[v], p));
     o[v] = make_uint4(w[0], w[1], w[2], w[3]);
   }
   quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.N, a.q, a.scale, a.fmt, sh,
