@@ -88,10 +88,10 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 // g_min_split_vectors vectors and one block of the grid a SM (M * S <= SMs) where the blocks
 // exchange; if that S moves too few vectors, the row is not split. Blocks that never exchange
 // need no such spread: up to 4 a SM (M * S <= 4 * SMs, blocks of 128-640 threads). At M = 64,
-// K = 8192 that is 8 blocks a row instead of 2: 2.14 against 2.54 µs for group-128
-// silu_mul_quant, 2.75 against 2.89 for gdn_norm_quant (their split variants in the 12:16 UTC
-// table; at K = 4096 silu_mul_quant 1.48 against 1.67 with 4 blocks, gdn_norm_quant 1.91
-// against 1.91). sm_90+ only (clusters).
+// K = 8192 that is 8 blocks a row instead of 2: 2.09 against 2.51 µs for group-128
+// silu_mul_quant, 2.80 against 2.95 for gdn_norm_quant (benchmarks/results/epilogues against
+// the run before this rule; at K = 4096 4 blocks, 1.45 against 1.73 and 1.79 against 1.85).
+// sm_90+ only (clusters).
 static int pick_split(int op, int64_t M, int64_t nvec, bool group) {
   const DeviceFacts dev = device_facts();
   if (dev.major < 9) return 1;

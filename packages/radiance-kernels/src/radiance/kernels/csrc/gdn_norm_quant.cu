@@ -33,6 +33,19 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   const int64_t nvec = a.N / 8;
   cluster_row_begin(GROUP ? 1 : split, sh);  // group-128 split blocks never talk
 
+  // Row addresses before the weight's dtype branch: written after it, ptxas places their 64-bit
+  // math between the wait and the first load (32 instructions there at one vector a thread,
+  // against 20 this way), on the path a decode-size call is made of.
+  bool on[VPT];
+  const uint16_t* xp[VPT];
+  const uint16_t* zp[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    on[v] = rth.row_ok && c < nvec;
+    xp[v] = a.x + rth.row * a.x_stride + c * 8;
+    zp[v] = a.z + rth.row * a.z_stride + c * 8;
+  }
   // rt*8 is a multiple of head_dim (rt % 32 == 0, head_dim <= 256), so a thread sees the same
   // 8 weights in every vector it owns. The weight is static: read before the wait for the
   // previous kernel (see rad_wait_prior_grids).
@@ -40,17 +53,12 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   load_weight8(a.weight, a.wdtype, (int64_t)(rth.t % a.head_lanes) * 8, w);
   rad_wait_prior_grids();
 
-  bool on[VPT];
   uint4 xv[VPT], zv[VPT];
-  const uint16_t* const x_row = a.x + rth.row * a.x_stride;  // c < nvec fits an int
-  const uint16_t* const z_row = a.z + rth.row * a.z_stride;
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int c = v * rth.rt + rth.t;
-    on[v] = rth.row_ok && c < nvec;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    xv[v] = on[v] ? ld16(x_row + c * 8) : zero;
-    zv[v] = on[v] ? ld16(z_row + c * 8) : zero;
+    xv[v] = on[v] ? ld16(xp[v]) : zero;
+    zv[v] = on[v] ? ld16(zp[v]) : zero;
   }
   rad_release_dependents();
 

@@ -32,14 +32,14 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   uint4 gv[VPT], uv[VPT];
   cluster_row_begin(GROUP ? 1 : split, sh);  // group-128 split blocks never talk
   rad_wait_prior_grids();
-  const uint16_t* const gate_row = a.gu + rth.row * a.gu_stride;  // c < nvec fits an int
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int c = v * rth.rt + rth.t;
+    const int64_t c = (int64_t)v * rth.rt + rth.t;
     on[v] = rth.row_ok && c < nvec;
+    const uint16_t* base = a.gu + rth.row * a.gu_stride + c * 8;
     const uint4 z = make_uint4(0, 0, 0, 0);
-    gv[v] = on[v] ? ld16(gate_row + c * 8) : z;
-    uv[v] = on[v] ? ld16(gate_row + a.N + c * 8) : z;
+    gv[v] = on[v] ? ld16(base) : z;
+    uv[v] = on[v] ? ld16(base + a.N) : z;
   }
   rad_release_dependents();
   uint4 o[VPT];
