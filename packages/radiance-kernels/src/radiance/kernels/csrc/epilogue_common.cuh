@@ -380,12 +380,6 @@ RAD_DEVICE float rcp_moderate(float s) {
 #endif
 }
 
-// Quantizes 8 act-dtype values (given as floats) of one vector with scale s and stores 8 codes.
-// GROUP: true division by s (recip is ignored and derived here, per group); else a multiply by
-// recip = RN(1/s). The common case takes one branch: on NVIDIA, e4m3fn and a moderate scale,
-// the reciprocal written out, the quotients by div_by_scale and the saturating hardware
-// conversion. Otherwise (HIP, fnuz, an extreme or non-finite scale): the IEEE division where
-// Markstein's conditions fail, and clamp + the bit-exact software cast.
 #ifndef RADIANCE_HIP
 // 8 finite quotients as e4m3fn codes (the saturating hardware conversion), packed for st8.
 RAD_DEVICE uint2 fn_codes8(const float (&q)[8]) {
@@ -394,6 +388,12 @@ RAD_DEVICE uint2 fn_codes8(const float (&q)[8]) {
 }
 #endif
 
+// Quantizes 8 act-dtype values (given as floats) of one vector with scale s and stores 8 codes.
+// GROUP: true division by s (recip is ignored and derived here, per group); else a multiply by
+// recip = RN(1/s). The common case takes one branch: on NVIDIA, e4m3fn and a moderate scale,
+// the reciprocal written out, the quotients by div_by_scale and the saturating hardware
+// conversion. Otherwise (HIP, fnuz, an extreme or non-finite scale): the IEEE division where
+// Markstein's conditions fail, and clamp + the bit-exact software cast.
 template <bool GROUP>
 RAD_DEVICE void quant_store8(const float (&f)[8], float s, float recip, int fmt, void* dst) {
   float q[8];
