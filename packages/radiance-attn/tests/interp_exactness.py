@@ -41,6 +41,7 @@ def run_case(m, seqs, width, ctxs, table):
     geo, launch, reason = r.last_decision
     return {"seqs": seqs, "width": width, "launch": launch.describe() if launch else reason,
             "segments": launch.num_segments if launch else 0, "block_m": launch.block_m if launch else 0,
+            "tile": launch.tile_size if launch else 0,
             "stock_vs_ref": (stock_out.float() - ref).abs().max().item(),
             "rad_vs_ref": (rad_out.float() - ref).abs().max().item(),
             "rad_vs_stock": (rad_out.float() - stock_out.float()).abs().max().item(),
@@ -53,6 +54,9 @@ def main():
     # widen at >= 60% fill: width 8 x qpkv 4 = 32 rows fills a 32-row block; width 4 (16 rows) stays stock
     table["triton"]["default"]["wide"] = {"block_m": [32, 64], "min_fill": 0.6,
                                           "launch": {"32": {"tile": 16, "warps": 4}, "64": {"tile": 32, "warps": 4}}}
+    # the stock block's split launches take the fitted sm_90 shape: 64-token tiles (4 KV blocks
+    # of 16 a tile, each token's block looked up on its own), 2 pipeline stages
+    table["triton"]["default"].update(tile_3d=64, warps_3d=4, stages_3d=2)
     for seqs, width, ctxs in ((2, 1, [200, 77]), (2, 4, [200, 163]), (1, 8, [250])):
         print(json.dumps(run_case(m, seqs, width, ctxs, table)), flush=True)
 

@@ -22,9 +22,9 @@ def test_radiance_launch_matches_stock_and_reference(staged_dir):
     assert len(cases) == 3
     decode, verify, wide = cases
     # decode: the policy splits too, so the results differ from stock only by summation order
-    assert decode["segments"] >= 4
-    assert verify["segments"] >= 4 and verify["block_m"] == 16  # split-KV for a verify batch
-    assert wide["block_m"] == 32  # all 8 rows x 4 heads in one block
+    assert decode["segments"] >= 4 and decode["tile"] == 64
+    assert verify["segments"] >= 4 and verify["block_m"] == 16 and verify["tile"] == 64  # split-KV verify
+    assert wide["block_m"] == 32 and wide["tile"] == 16  # all 8 rows x 4 heads in one block, its own tile
     for c in cases:
         # fp16 output rounding is 2^-11 relative; allow a few ulps at the output's magnitude
         tol = 4 * 2.0**-11 * max(1.0, c["ref_max"])

@@ -212,3 +212,28 @@ def test_lds_clamp_on_gfx1201():
                   wide=dict(table["triton"]["default"]["wide"], head_sizes=[512])), "classes": []}}
     launch = policy.triton_launch(g, wide_table)
     assert policy.lds_fits("gfx1201", launch.block_m, launch.tile_size, 512)
+
+
+def test_triton_launch_shapes_from_the_table():
+    split = {"coef": 16, "exp": 1 / 3, "min": 4, "max": 128}
+    rule = {"max_query_len": 9, "max_seqs": 8, "split": split, "tile_3d": 64, "warps_3d": 8, "stages_3d": 2,
+            "wide": {"block_m": [32, 128], "min_fill": 0.4,
+                     "launch": {"32": {"tile": 32, "warps": 4},
+                                "128": {"tile": 64, "warps": 8, "stages": 2, "split_scale": 0.25}}}}
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    decode = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1), table)
+    assert (decode.tile_size, decode.num_warps, decode.num_stages) == (64, 8, 2)
+    assert decode.num_segments == seed_split(32768, 64, 2)  # the tiles counted in the table's tile
+    # a widened block's launch is its own entry: no stages inherited from the 3D keys
+    w4 = policy.triton_launch(sm90(), table)  # 4 x 8 = 32 rows
+    assert (w4.block_m, w4.tile_size, w4.num_warps, w4.num_stages) == (32, 32, 4, None)
+    # 9 x 8 = 72 rows: the 128-row block, with a quarter of the coefficient
+    w9 = policy.triton_launch(sm90(num_tokens=9, max_seqlen_q=9), table)
+    assert (w9.block_m, w9.tile_size, w9.num_warps, w9.num_stages) == (128, 64, 8, 2)
+    programs = (9 // 16 + 1) * 2
+    want = policy.split_count(32768 // 64, programs, dict(split, coef=16 * 0.25))
+    assert w9.num_segments == want < policy.split_count(32768 // 64, programs, split)
+    # fp8 KV keeps a tile of at least 32 whatever the table says
+    fp8 = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1, kv_dtype="fp8"),
+                               {"arch": "sm_90", "triton": {"default": dict(rule, tile_3d=16), "classes": []}})
+    assert fp8.tile_size == 32

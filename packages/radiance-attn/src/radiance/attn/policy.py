@@ -253,7 +253,12 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
 
     programs = q_block_count(geo.num_tokens, geo.num_seqs, block_q) * geo.num_kv_heads
     tiles = cdiv(max(1, geo.max_seqlen_k), tile)
-    seg = split_count(tiles, programs, rule["split"])
+    split = rule["split"]
+    if "split_scale" in wide_cfg:
+        # A widened block's program does more rows' work per KV tile than the stock block's and
+        # wants fewer segments for the same tiles per program (the H200 fit halves them).
+        split = {**split, "coef": float(split["coef"]) * float(wide_cfg["split_scale"])}
+    seg = split_count(tiles, programs, split)
     notes = []
     if seg > 1 and geo.scratch_bytes:
         per_segment = max(1, geo.num_tokens) * geo.num_query_heads * geo.head_padded * 4
@@ -265,8 +270,11 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
         return None  # exactly stock's verify launch
     if seg <= 1:
         tile = stock_triton_tile(geo, False) if bm == base_bm else tile
-    warps = wide_cfg.get("warps", rule.get("warps_3d") if seg > 1 else None)
-    stages = wide_cfg.get("stages", rule.get("stages_3d") if seg > 1 else None)
+    if wide_cfg:  # a widened block's warps and stages are its own entry's, never the 3D keys
+        warps, stages = wide_cfg.get("warps"), wide_cfg.get("stages")
+    else:
+        warps = rule.get("warps_3d") if seg > 1 else None
+        stages = rule.get("stages_3d") if seg > 1 else None
     return TritonLaunch(
         num_segments=seg,
         block_m=bm,

@@ -5,6 +5,12 @@ selectors, ``triton`` the rules for radiance's launch of vLLM's Triton kernel: a
 rule plus ``classes`` (a ``match`` on head size / KV heads / dtypes, and the rule fitted for
 it). Lookup is by exact arch only, so a table fitted on one GPU never moves another's shapes.
 
+A Triton rule: ``split`` (coef, exp, min, max[, unsplit_below]) for the segment count;
+optional ``tile_3d`` / ``warps_3d`` / ``stages_3d`` for the stock block's split launch (absent:
+vLLM's own); ``wide`` (``block_m`` choices, ``min_fill``, and per block a ``launch`` of tile,
+warps, optional stages and optional ``split_scale`` on the split coefficient); ``max_seqs`` and
+``max_query_len`` bound the batches it serves.
+
 Sources, first match wins:
 1. ``RADIANCE_ATTN_TABLE=path.json`` -- serves the arch named in that file, nothing else.
 2. ``tables/<arch without underscore>.json`` shipped in this package (gfx1201.json from the

@@ -10,7 +10,8 @@ replays on random data with KV rotated through more than the L2 size:
   * stock: the installed vLLM's own wrapper with its backend's constants (16 segments, split
     only for single-token decode, 3D threshold MIN_LAUNCH_GRID_SIZE_2D // kv_heads);
   * every candidate launch: split count x BLOCK_M (stock block, and the block that holds all
-    of a sequence's rows);
+    of a sequence's rows) x launch shape (KV tile, warps, pipeline stages: stock's, and a
+    64-token tile double-buffered: BASE_SHAPES, WIDE_SHAPES);
 then fits the policy's rule to the candidates (fewest points slower than stock by >3%, then
 least total log-regret against the best candidate), writes ``DIR/tables/<arch>.json``, and
 re-measures radiance's own wrapper with the fitted table against stock at every point, with the
@@ -38,8 +39,25 @@ from radiance.attn.triton_launch import RadianceUnifiedAttention, detect_arch
 
 COPY_BW = 4.25e12  # bytes/s, H200 copy rate measured here
 L2_ROTATE_BYTES = 160 << 20  # rotate KV through > 3x the H200's 50 MB L2 where the size allows
-WIDE_LAUNCH = {32: {"tile": 32, "warps": 4}, 64: {"tile": 32, "warps": 4}, 128: {"tile": 32, "warps": 8}}
 SEGMENTS = (1, 4, 8, 16, 32, 64, 128)
+# Launch shapes (KV tile, warps, software-pipeline stages) swept with each split count. "stock"
+# for the stock block is vLLM's own 3D launch (tile 16 for bf16 KV, 32 for fp8; Triton's default
+# 4 warps and 3 stages). benchmarks/probe_launch_shapes.py timed every tile {16, 32, 64} x warps
+# {2, 4, 8} x stages {1, 2, 3} x segments {64..512} at five head-256 bf16 points on the H200
+# (results/launch_shapes.md): a 64-token tile with 2 stages was the fastest launch at all five,
+# 1.20-1.48x faster than the launch the table fitted before chose; 2 stages beat 1 and 3 everywhere;
+# segments past 128 never won; 128-row blocks need 8 warps (4 ran 2.5-3x slower). So each point
+# measures the stock shape and these, and the fit picks per class.
+BASE_SHAPES = {
+    "stock": {},
+    "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
+    "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
+}
+WIDE_SHAPES = {
+    32: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2}},
+    64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2}},
+    128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2}},
+}
 
 
 @dataclass(frozen=True)
@@ -74,26 +92,27 @@ def _kv_torch_dtype(name):
 
 
 def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy.TritonLaunch]:
-    """Every launch measured at one point: split count x {stock block, all-rows block}."""
+    """Every launch measured at one point: split count x {stock block, all-rows block} x shape."""
     qpkv = k.num_query_heads // k.num_kv_heads
     base = policy.stock_block_m(qpkv)
     rows = width * qpkv
-    blocks = [base]
     wide = policy.next_pow2(rows)
-    if width > 1 and base < wide <= 128:
-        blocks.append(wide)
     out = []
-    for bm in blocks:
-        cfg = WIDE_LAUNCH.get(bm) if bm != base else None
+    for seg in SEGMENTS:
+        if seg == 1:  # unsplit: stock's own 2D launch for the stock block
+            out.append(policy.TritonLaunch(1, base, max(1, base // qpkv), 32, None, None, "candidate"))
+            continue
+        for shape in BASE_SHAPES.values():
+            tile = shape.get("tile", 16 if k.kv_dtype != "fp8" else 32)
+            if seg <= policy.next_pow2(policy.cdiv(ctx, tile)):
+                out.append(policy.TritonLaunch(seg, base, max(1, base // qpkv), tile, shape.get("warps"),
+                                               shape.get("stages"), "candidate"))
+    if width > 1 and base < wide <= 128:
         for seg in SEGMENTS:
-            if cfg is not None:
-                tile, warps = cfg["tile"], cfg["warps"]
-            else:
-                tile = (16 if k.kv_dtype != "fp8" else 32) if seg > 1 else 32
-                warps = None
-            if seg > policy.next_pow2(policy.cdiv(ctx, tile)):
-                continue
-            out.append(policy.TritonLaunch(seg, bm, max(1, bm // qpkv), tile, warps, None, "candidate"))
+            for shape in WIDE_SHAPES[wide].values():
+                if seg == 1 or seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
+                    out.append(policy.TritonLaunch(seg, wide, max(1, wide // qpkv), shape["tile"], shape["warps"],
+                                                   shape.get("stages"), "candidate"))
     return out
 
 
@@ -115,7 +134,7 @@ class Bench:
         self.perm = torch.randperm(self.num_blocks, device=device, generator=gen).to(torch.int32)
         self.rotate_bytes = rotate_bytes
         # Segment scratch sized for the largest split launch of the sweep.
-        units = 9 * 8 * k.num_query_heads * 128
+        units = 9 * 8 * k.num_query_heads * max(SEGMENTS)
         self.segm_out = torch.empty(units * policy.next_pow2(k.head_size), device=device, dtype=torch.float32)
         self.segm_max = torch.empty(units, device=device, dtype=torch.float32)
         self.segm_sum = torch.empty(units, device=device, dtype=torch.float32)
@@ -219,7 +238,7 @@ def precompile(src: str, work: list, jobs: int) -> float:
     seen = {}
     for k, ctx, seqs, width in work:
         for c in candidate_launches(k, ctx, seqs, width):
-            key = (k.name, c.num_segments, c.block_m, c.tile_size, c.num_warps)
+            key = (k.name, _key(c))
             if key not in seen:
                 launch = {f: getattr(c, f) for f in ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages")}
                 seen[key] = (src, asdict(k), launch, width)
@@ -238,11 +257,22 @@ def rule_table(arch: str, rules: dict, default: dict, meta: dict) -> dict:
             "triton": {"default": default, "classes": [{"match": m, "rule": r} for m, r in rules.values()]}}
 
 
-def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q):
-    return {"max_query_len": max_q, "max_seqs": max_seqs,
-            "split": {"coef": coef, "exp": exp, "min": lo, "max": 128, "unsplit_below": unsplit},
-            "wide": {"block_m": [32, 64, 128], "min_fill": fill,
-                     "launch": {str(b): dict(v) for b, v in WIDE_LAUNCH.items()}}}
+def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="stock", wide_shapes=None, wide_scales=None):
+    wide_shapes, wide_scales = wide_shapes or {}, wide_scales or {}
+    launch = {}
+    for bm, shapes in WIDE_SHAPES.items():
+        name = wide_shapes.get(bm, next(iter(shapes)))
+        launch[str(bm)] = dict(shapes[name])
+        if wide_scales.get(bm, 1) != 1:
+            launch[str(bm)]["split_scale"] = wide_scales[bm]
+    rule = {"max_query_len": max_q, "max_seqs": max_seqs,
+            "split": {"coef": coef, "exp": exp, "min": lo, "max": max(SEGMENTS), "unsplit_below": unsplit},
+            "wide": {"block_m": sorted(WIDE_SHAPES), "min_fill": fill, "launch": launch}}
+    shape = BASE_SHAPES[base_shape]
+    for key in ("tile", "warps", "stages"):
+        if key in shape:
+            rule[f"{key}_3d"] = shape[key]
+    return rule
 
 
 def _score(points: list[dict], arch: str, rule: dict) -> tuple:
@@ -262,23 +292,34 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
     """Fit the rule's constants to measured points by coordinate search; returns (rule, score).
 
     Objective, in order: choices that were not measured, points slower than stock by >3%, total
-    log-regret against the best measured candidate. Two rounds over (BLOCK_M fill threshold)
-    then (split coef, exponent, lower bound, unsplit threshold) keep it to a few hundred policy
-    evaluations per point set, seconds on the GPU host's CPU.
+    log-regret against the best measured candidate. Two rounds over (launch shapes x BLOCK_M
+    fill threshold: a wider block pays off only with its own shape, so the two move together),
+    (each wider block's factor on the split coefficient), then (split coef, exponent, lower
+    bound, unsplit threshold) keep it to about a thousand policy evaluations per point set,
+    seconds on the GPU host's CPU.
     """
-    params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8}
+    params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8, "base": "stock",
+              **{f"w{bm}": next(iter(shapes)) for bm, shapes in WIDE_SHAPES.items()},
+              **{f"s{bm}": 1 for bm in WIDE_SHAPES}}
     grids = [
-        {"fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
+        {"base": tuple(BASE_SHAPES), **{f"w{bm}": tuple(shapes) for bm, shapes in WIDE_SHAPES.items()},
+         "fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
+        {f"s{bm}": (1, 0.5, 0.25) for bm in WIDE_SHAPES},
         {"coef": tuple(2 ** (i / 2) for i in range(2, 15)), "exp": (0.25, 1 / 3, 0.5), "lo": (4, 8),
          "unsplit": (0, 2, 4, 8)},
     ]
+
+    def make(t):
+        return _rule(t["coef"], t["exp"], t["lo"], t["unsplit"], t["fill"], max_seqs, max_q, t["base"],
+                     {bm: t[f"w{bm}"] for bm in WIDE_SHAPES}, {bm: t[f"s{bm}"] for bm in WIDE_SHAPES})
+
     best = None
     for _ in range(2):
         for grid in grids:
             names = list(grid)
             for values in itertools.product(*(grid[n] for n in names)):
                 trial = dict(params, **dict(zip(names, values)))
-                rule = _rule(trial["coef"], trial["exp"], trial["lo"], trial["unsplit"], trial["fill"], max_seqs, max_q)
+                rule = make(trial)
                 score = _score(points, arch, rule)
                 if best is None or score < best[0]:
                     best = (score, rule, trial)
@@ -297,7 +338,7 @@ def _geo(p: dict, arch: str) -> policy.Geometry:
 def _key(launch: policy.TritonLaunch | None) -> str:
     if launch is None:
         return "stock"
-    return f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}"
+    return f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}_st{launch.num_stages}"
 
 
 def _time_of(p: dict, launch) -> float | None:

@@ -1,0 +1,62 @@
+"""The tuning harness's fit recovers a rule from measured candidates (synthetic timings, CPU)."""
+
+import math
+
+from radiance.attn import policy, tune
+
+KLASS = tune.CLASSES[0]  # head 256, 2 KV heads, bf16
+GRID = {"ctx": (4096, 32768, 131072), "seqs": (1, 2, 8), "width": (1, 2, 4, 9)}
+
+
+def _truth():
+    return tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "t64w8s2", {32: "t64w4s2", 64: "t32w4", 128: "t64w8s2"},
+                      {128: 0.5})
+
+
+def _points():
+    truth = {"arch": "sm_90", "triton": {"default": _truth(), "classes": []}}
+    points = []
+    for ctx in GRID["ctx"]:
+        for seqs in GRID["seqs"]:
+            for width in GRID["width"]:
+                p = {"class": KLASS.name, "head_size": KLASS.head_size, "num_query_heads": KLASS.num_query_heads,
+                     "num_kv_heads": KLASS.num_kv_heads, "kv_dtype": KLASS.kv_dtype, "ctx": ctx, "seqs": seqs,
+                     "width": width}
+                best = policy.triton_launch(tune._geo(p, "sm_90"), truth)
+                cands = {}
+                for c in tune.candidate_launches(KLASS, ctx, seqs, width):
+                    # the truth's launch is fastest; every step away from it in segments, shape or
+                    # block costs time
+                    t = 10.0 * (1 + 0.2 * abs(math.log2(c.num_segments / best.num_segments)))
+                    t *= 1.0 if (c.tile_size, c.num_warps, c.num_stages) == (best.tile_size, best.num_warps,
+                                                                            best.num_stages) else 1.4
+                    t *= 1.0 if c.block_m == best.block_m else 1.5
+                    cands[tune._key(c)] = t
+                key = min(cands, key=cands.get)
+                points.append(dict(p, stock_us=100.0, candidates=cands, best=key, best_us=cands[key]))
+    return points
+
+
+def test_every_truth_launch_is_a_candidate():
+    for p in _points():
+        assert p["best_us"] == 10.0, p
+
+
+def test_fit_recovers_shapes_block_and_split_scale():
+    rule, score = tune.fit(_points(), "sm_90", 8, 9)
+    assert score["unmeasured_choices"] == 0 and score["slower_than_stock_3pct"] == 0
+    assert score["mean_regret_pct"] < 1.0, score
+    assert (rule["tile_3d"], rule["warps_3d"], rule["stages_3d"]) == (64, 8, 2)
+    assert rule["wide"]["launch"]["128"] == {"tile": 64, "warps": 8, "stages": 2, "split_scale": 0.5}
+    assert rule["wide"]["min_fill"] <= 0.5  # width 9's 72 rows go to the 128-row block
+
+
+def test_candidates_cover_each_shape_and_skip_empty_segments():
+    cands = tune.candidate_launches(KLASS, 4096, 1, 9)
+    keys = {tune._key(c) for c in cands}
+    assert len(keys) == len(cands)
+    assert {(c.tile_size, c.num_warps, c.num_stages) for c in cands if c.block_m == 16 and c.num_segments > 1} == {
+        (16, None, None), (64, 4, 2), (64, 8, 2)}
+    assert {(c.tile_size, c.num_warps, c.num_stages) for c in cands if c.block_m == 128} == {(32, 8, None), (64, 8, 2)}
+    # 4096 tokens are 64 tiles of 64: no 128-segment split with that tile
+    assert all(c.num_segments <= 64 for c in cands if c.tile_size == 64)
