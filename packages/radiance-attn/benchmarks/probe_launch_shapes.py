@@ -106,11 +106,7 @@ def main(argv=None) -> int:
         if time.time() - t0 > args.budget_s:
             break
         torch.cuda.empty_cache()
-        b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev)
-        units = 9 * 8 * k.num_query_heads * max(SEGMENTS)  # scratch for the widest split probed
-        b.segm_out = torch.empty(units * policy.next_pow2(k.head_size), device=dev, dtype=torch.float32)
-        b.segm_max = torch.empty(units, device=dev, dtype=torch.float32)
-        b.segm_sum = torch.empty(units, device=dev, dtype=torch.float32)
+        b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev, max_segments=max(SEGMENTS))
         for ctx, seqs, width in points:
             if time.time() - t0 > args.budget_s:
                 break

@@ -128,6 +128,28 @@ def test_decision_for_a_verify_batch(kernel_module):
     assert 8 * 16 * launch.num_segments * 256 <= 64 * 16 * 16 * 256
 
 
+def test_decisions_are_kept_per_geometry(kernel_module, monkeypatch):
+    calls = []
+    real = policy.triton_launch
+
+    def counting(geo, table=None):
+        calls.append(geo)
+        return real(geo, table)
+
+    monkeypatch.setattr(policy, "triton_launch", counting)
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    first = r.decide(_call_kwargs())
+    for _ in range(3):  # the other layers of the step: same geometry, no policy call
+        assert r.decide(_call_kwargs()) == first
+    assert len(calls) == 1
+    longer = r.decide(_call_kwargs(max_seqlen_k=120))
+    assert len(calls) == 2 and longer[0].max_seqlen_k != first[0].max_seqlen_k
+    assert longer[1] == real(longer[0])
+    for n in range(triton_launch._MAX_CACHED_DECISIONS + 5):  # growing contexts stay bounded
+        r.decide(_call_kwargs(max_seqlen_k=1000 + n))
+    assert len(r._launches) <= triton_launch._MAX_CACHED_DECISIONS
+
+
 def test_unknown_keyword_goes_to_stock(kernel_module):
     seen = {}
 

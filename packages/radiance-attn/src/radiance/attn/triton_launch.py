@@ -25,6 +25,7 @@ from typing import Callable
 from radiance.attn import policy, tables
 
 logger = logging.getLogger("vllm.radiance.attn")
+_MAX_CACHED_DECISIONS = 256
 
 # The keyword arguments this launch understands; any other (a newer vLLM's feature) sends the
 # call to the stock wrapper.
@@ -123,6 +124,10 @@ class RadianceUnifiedAttention:
         self._table = table
         self._num_sms = num_sms
         self._logged: set[str] = set()
+        # Policy decisions by geometry. Outside a CUDA graph this wrapper runs for every layer of
+        # every step and the policy costs ~10 us of Python a call; the layers of one step share a
+        # geometry, so all but the first are a dict lookup.
+        self._launches: dict[policy.Geometry, policy.TritonLaunch | None] = {}
         self._lock = threading.Lock()
         self.last_decision: tuple[policy.Geometry | None, policy.TritonLaunch | None, str] | None = None
 
@@ -192,8 +197,14 @@ class RadianceUnifiedAttention:
             num_sms=num_sms,
             scratch_bytes=scratch,
         )
-        table = self._table if self._table is not None else tables.for_arch(arch)
-        launch = policy.triton_launch(geo, table)
+        if geo in self._launches:
+            launch = self._launches[geo]
+        else:
+            table = self._table if self._table is not None else tables.for_arch(arch)
+            launch = policy.triton_launch(geo, table)
+            if len(self._launches) >= _MAX_CACHED_DECISIONS:
+                self._launches.clear()  # contexts grow every step: keep the map bounded
+            self._launches[geo] = launch
         if launch is None:
             return geo, None, "stock: policy keeps the stock launch"
         return geo, launch, launch.reason

@@ -119,7 +119,8 @@ def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy
 class Bench:
     """Inputs for one class, allocated once; per point views, block tables and rotations."""
 
-    def __init__(self, module, k: Klass, max_tokens: int, device, rotate_bytes=L2_ROTATE_BYTES):
+    def __init__(self, module, k: Klass, max_tokens: int, device, rotate_bytes=L2_ROTATE_BYTES,
+                 max_segments: int = max(SEGMENTS)):
         torch = _torch()
         self.m, self.k, self.device = module, k, device
         self.dtype = _kv_torch_dtype(k.kv_dtype)
@@ -134,7 +135,7 @@ class Bench:
         self.perm = torch.randperm(self.num_blocks, device=device, generator=gen).to(torch.int32)
         self.rotate_bytes = rotate_bytes
         # Segment scratch sized for the largest split launch of the sweep.
-        units = 9 * 8 * k.num_query_heads * max(SEGMENTS)
+        units = 9 * 8 * k.num_query_heads * max_segments
         self.segm_out = torch.empty(units * policy.next_pow2(k.head_size), device=device, dtype=torch.float32)
         self.segm_max = torch.empty(units, device=device, dtype=torch.float32)
         self.segm_sum = torch.empty(units, device=device, dtype=torch.float32)
