@@ -122,22 +122,27 @@ RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[
 
 // ---- silu, as torch computes it ----------------------------------------------------------
 // s = x / (1 + expf(-x)) in fp32, bit for bit ATen's silu (and RMSNormGated's gate): the same
-// libm expf, the same rounded add, an IEEE division.
+// libm expf, the same rounded add, an IEEE division. x is always the value of a bf16 or fp16
+// input (a gate or z element), a finite set, and the GPU tests check every one of them
+// against torch.
 //
 // nvcc expands an fp32 division into a refined reciprocal and one correction (MUFU.RCP and five
 // FMAs) behind a per-quotient check (FCHK) that sends operands the sequence cannot handle
 // (infinite or denormal divisors, quotients near the ends of the exponent range) to a slow
 // routine. Per element that guard costs a compare, a branch and a convergence barrier, and the
-// branches keep the compiler from interleaving the elements' exp -> divide chains, so the
-// division was about a third of these kernels' instructions. Here the sequence is written out
-// and guarded once per N elements: when every |x| <= 80 the divisor 1 + expf(-x) lies in
-// [1, 2^116] and every operand and quotient is a normal number or zero, where the sequence
-// yields the correctly rounded quotient (the slow routine is never needed there). Two changes
-// against nvcc's own expansion keep signed zeros right without a test: the first quotient is a
-// plain multiply (FMA with +0 would turn -0 into +0) and the residual is negated (d*q0 - x, then
-// q0 - y*r), so x = -0 gives -0 / d = -0; for nonzero quotients both forms round the same real
-// numbers. The GPU tests check this against torch over every bf16 and every fp16 input.
-// Outside the range (large |x|, inf, NaN) the plain division runs for all N. HIP: the division.
+// branches keep the compiler from interleaving the elements' exp -> divide chains. Here the
+// division is written out and guarded once per N elements: when every |x| <= 80 the divisor
+// 1 + expf(-x) lies in [1, 2^116] and every operand and quotient is a normal number or zero.
+// There one correction of q0 = x * y from the hardware reciprocal y (within 1 ulp of 1/d)
+// suffices: q0 - y*(d*q0 - x) = x/d + (1 - d*y)(x/d - q0) is within ~2^-45 |x/d| of the
+// quotient before its rounding, so it rounds to RN(x/d) unless x/d lies that close to a
+// midpoint of two floats, which the all-inputs test shows no 16-bit x does. (nvcc first
+// refines y with a Newton step, two FMAs a value, which general operands need; these kernels
+// are issue-bound at large M and silu was a third of their instructions.) Signed
+// zeros come out right without a test: the first quotient is a plain multiply (FMA with +0
+// would turn -0 into +0) and the residual is negated (d*q0 - x, then q0 - y*r), so x = -0
+// gives -0 / d = -0. Outside the range (large |x|, inf, NaN) the plain division runs for all
+// N. HIP: the division.
 template <int N>
 RAD_DEVICE void silu_f32(const float (&x)[N], float (&s)[N]) {
   float d[N];
@@ -153,7 +158,6 @@ RAD_DEVICE void silu_f32(const float (&x)[N], float (&s)[N]) {
     for (int e = 0; e < N; ++e) {
       float y;
       asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d[e]));
-      y = __fmaf_rn(y, __fmaf_rn(-d[e], y, 1.0f), y);
       const float q0 = rad_mul(x[e], y);
       s[e] = __fmaf_rn(-y, __fmaf_rn(d[e], q0, -x[e]), q0);
     }
