@@ -75,7 +75,7 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     }
     if (on[v] && has_res) st16(res_out_row + (v * rt + t) * 8, pack8_act<BF16>(x[v]));
   }
-  ss = cluster_row_sum(row_sum(ss, a.tpr, sh.red_sum), split, sh, /*first=*/true);
+  ss = cluster_row_sum(row_sum(ss, a.tpr, rth.first_warp, sh.red_sum), split, sh, /*first=*/true);
   const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
 
   uint4 o[VPT];

@@ -44,21 +44,32 @@ RAD_DEVICE int split_for(int split) {
 // Where a thread works: its row and its index among the row's threads (across the split).
 struct RowThread {
   int64_t row;
-  int t;   // 0 <= t < rt
-  int rt;  // threads per row, tpr * split
+  int t;           // 0 <= t < rt
+  int rt;          // threads per row, tpr * split
+  int first_warp;  // the block's first warp of this row
   bool row_ok;
 };
 
+// With one row a block (every decode and most large-M layouts) the thread index is the row's,
+// and a split (2, 4 or 8 blocks) is a power of two: no integer division, which costs ~20
+// instructions a thread (a float reciprocal and its corrections), at decode between the wait for
+// the previous kernel and the first load. tpr (a multiple of 32, e.g. 160 or 640) needs one only
+// for several rows a block.
 RAD_DEVICE RowThread row_thread(int tpr, int rpb, int split, int64_t M) {
   RowThread r;
-  const int rib = threadIdx.x / tpr;
-  const int local = threadIdx.x - rib * tpr;
+  r.t = threadIdx.x;
+  r.first_warp = 0;
   if (split > 1) {  // one row per block, `split` consecutive blocks (a cluster) per row
-    r.row = blockIdx.x / split;
-    r.t = (int)(blockIdx.x % split) * tpr + local;
+    const int log2_split = __ffs(split) - 1;
+    r.row = blockIdx.x >> log2_split;
+    r.t += (int)(blockIdx.x & (split - 1)) * tpr;
+  } else if (rpb == 1) {
+    r.row = blockIdx.x;
   } else {
+    const int rib = threadIdx.x / tpr;
     r.row = (int64_t)blockIdx.x * rpb + rib;
-    r.t = local;
+    r.t -= rib * tpr;
+    r.first_warp = rib * tpr / RAD_WARP;
   }
   r.rt = tpr * split;
   r.row_ok = r.row < M;
@@ -178,7 +189,7 @@ RAD_DEVICE void silu_f32(const float (&x)[N], float (&s)[N]) {
 // the same two values, only in swapped order. `red` must be a distinct buffer per reduction in a
 // kernel (the single __syncthreads of each reduction then suffices). tpr and the loop bounds are
 // uniform over the block, so the barrier is reached by all threads.
-RAD_DEVICE float row_sum(float v, int tpr, float* red) {
+RAD_DEVICE float row_sum(float v, int tpr, int first_warp, float* red) {
 #pragma unroll
   for (int off = RAD_WARP / 2; off > 0; off >>= 1)
     if (off < tpr) v += rad_shfl_xor(v, off);
@@ -188,19 +199,18 @@ RAD_DEVICE float row_sum(float v, int tpr, float* red) {
   const int wpr = tpr / RAD_WARP;
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  const int first = (warp / wpr) * wpr;
   float s = 0.0f;
   if (wpr <= 8) {
-    for (int i = 0; i < wpr; ++i) s += red[first + i];
+    for (int i = 0; i < wpr; ++i) s += red[first_warp + i];
     return s;
   }
-  s = lane < wpr ? red[first + lane] : 0.0f;
+  s = lane < wpr ? red[first_warp + lane] : 0.0f;
 #pragma unroll
   for (int off = RAD_WARP / 2; off > 0; off >>= 1) s += rad_shfl_xor(s, off);
   return s;
 }
 
-RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, uint32_t* red) {
+RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, int first_warp, uint32_t* red) {
 #pragma unroll
   for (int off = RAD_WARP / 2; off > 0; off >>= 1)
     if (off < tpr) v = max(v, rad_shfl_xor(v, off));
@@ -210,13 +220,12 @@ RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, uint32_t* red) {
   const int wpr = tpr / RAD_WARP;
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  const int first = (warp / wpr) * wpr;
   uint32_t m = 0;
   if (wpr <= 8) {
-    for (int i = 0; i < wpr; ++i) m = max(m, red[first + i]);
+    for (int i = 0; i < wpr; ++i) m = max(m, red[first_warp + i]);
     return m;
   }
-  m = lane < wpr ? red[first + lane] : 0u;
+  m = lane < wpr ? red[first_warp + lane] : 0u;
 #pragma unroll
   for (int off = RAD_WARP / 2; off > 0; off >>= 1) m = max(m, rad_shfl_xor(m, off));
   return m;
@@ -476,10 +485,12 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const
     uint32_t m = 0;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) m = max(m, vmax[v]);
-    m = row_max_u32(m, tpr, sh.red_max);
+    m = row_max_u32(m, tpr, rth.first_warp, sh.red_max);
     m = cluster_row_max(m, split, sh, !summed);
     const float s = quant_scale(m, fmt);
-    const float r = 1.0f / s;  // torch: scale.reciprocal()
+    // torch: scale.reciprocal(), an IEEE division; written out for a moderate scale (the
+    // division's range check and slow-path call are ~10 instructions on the row's critical path)
+    const float r = moderate_scale(s) ? rcp_moderate(s) : 1.0f / s;
     if (rth.row_ok && t == 0) scale[rth.row] = s;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {

@@ -24,33 +24,47 @@ struct GdnArgs {
   int head_lanes, wdtype, fmt, tpr, rpb, split;
 };
 
+// Large-M rows of 4 vectors a thread (per token, 128 threads a block) are held to 64 registers
+// (two blocks of the bound's 512 threads a SM): 8 blocks a SM instead of 6 at the 76 registers
+// ptxas takes unbounded, at the price of a few spilled registers (12-48 bytes a thread). The kernel
+// is issue-bound there and the extra warps fill issue slots: 0.92-0.99x the time at M = 8192
+// (benchmarks/results/epilogues_ab.md).
+template <int VPT>
+struct GdnMinBlocks {
+  static constexpr int value = VPT == 4 ? 2 : 1;
+};
+
 template <int VPT, bool BF16, bool GROUP>
-__global__ void __launch_bounds__(MaxThreads<VPT>::value)
+__global__ void __launch_bounds__(MaxThreads<VPT>::value, GdnMinBlocks<VPT>::value)
     gdn_norm_quant_kernel(const GdnArgs a) {
   __shared__ RowShared sh;
   const int split = split_for<VPT>(a.split);
   const RowThread rth = row_thread(a.tpr, a.rpb, split, a.M);
-  const int64_t nvec = a.N / 8;
+  const int nvec = (int)(a.N / 8);  // vector indices fit an int (as in quantize_row)
   cluster_row_begin(GROUP ? 1 : split, sh);  // group-128 split blocks never talk
 
   // Row addresses before the weight's dtype branch: written after it, ptxas places their 64-bit
   // math between the wait and the first load (32 instructions there at one vector a thread,
-  // against 20 this way), on the path a decode-size call is made of.
+  // against 20 this way), on the path a decode-size call is made of. The row bases once, then
+  // one 32-bit index a vector: with a 64-bit index per vector the address math was ~15
+  // instructions a vector and pointer.
+  const uint16_t* const x_row = a.x + rth.row * a.x_stride;
+  const uint16_t* const z_row = a.z + rth.row * a.z_stride;
   bool on[VPT];
   const uint16_t* xp[VPT];
   const uint16_t* zp[VPT];
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const int64_t c = (int64_t)v * rth.rt + rth.t;
+    const int c = v * rth.rt + rth.t;
     on[v] = rth.row_ok && c < nvec;
-    xp[v] = a.x + rth.row * a.x_stride + c * 8;
-    zp[v] = a.z + rth.row * a.z_stride + c * 8;
+    xp[v] = x_row + c * 8;
+    zp[v] = z_row + c * 8;
   }
-  // rt*8 is a multiple of head_dim (rt % 32 == 0, head_dim <= 256), so a thread sees the same
-  // 8 weights in every vector it owns. The weight is static: read before the wait for the
-  // previous kernel (see rad_wait_prior_grids).
+  // rt*8 is a multiple of head_dim (rt % 32 == 0, head_dim a power of two <= 256), so a thread
+  // sees the same 8 weights in every vector it owns. The weight is static: read before the wait
+  // for the previous kernel (see rad_wait_prior_grids).
   float w[8];
-  load_weight8(a.weight, a.wdtype, (int64_t)(rth.t % a.head_lanes) * 8, w);
+  load_weight8(a.weight, a.wdtype, (int64_t)(rth.t & (a.head_lanes - 1)) * 8, w);
   rad_wait_prior_grids();
 
   uint4 xv[VPT], zv[VPT];
