@@ -68,7 +68,10 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 //    add_rms_quant and gdn_norm_quant with 2 (level with 4 or better). Group-128 silu_mul_quant
 //    rows take 4 from K = 4096: with its division written out (silu_f32) it has the fewest
 //    instructions a value of the three, and 4 vectors a thread ran 1.02-1.13x faster than 2 at
-//    M 2048 and 8192, K 4096-8192; at K = 2048 the two are level.
+//    M 2048 and 8192, K 4096-8192; at K = 2048 the two are level. Group-128 gdn_norm_quant
+//    rows take 4 from K = 5120, since its 4-vector instantiation is held to 64 registers
+//    (GdnMinBlocks): 0.93-0.96x the time of 2 at M 2048 and 8192, K 5120-8192, 1.00-1.02x at
+//    K = 4096, 1.05-1.10x at 2048 (2026-12-04 16:51 UTC run).
 // Exact divisors of the row are preferred (no idle lanes); several short rows share a block
 // when a row needs fewer than 128 threads at large M. Resident blocks streaming rows through a
 // cp.async shared-memory ring (loads of the next rows in flight during the math) were timed too
@@ -128,7 +131,9 @@ LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group, 
   else if (M <= 1024)  // mid M
     order = group ? (nvec <= 640 ? kDecodeNarrow : kDecodeWide) : kMidPerToken;
   else
-    order = group && !(op == kOpSiluMul && nvec >= 512) ? kBulkGroup : kBulkPerToken;
+    order = group && !(op == kOpSiluMul && nvec >= 512) && !(op == kOpGdnNorm && nvec >= 640)
+                ? kBulkGroup
+                : kBulkPerToken;
   LaunchConfig cfg = {0, 0, 1, 1};
   for (int i = 0; i < 7; ++i) {
     const int v = order[i];
