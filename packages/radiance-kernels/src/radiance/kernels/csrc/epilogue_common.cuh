@@ -52,9 +52,9 @@ struct RowThread {
 
 // With one row a block (every decode and most large-M layouts) the thread index is the row's,
 // and a split (2, 4 or 8 blocks) is a power of two: no integer division, which costs ~20
-// instructions a thread (a float reciprocal and its corrections), at decode between the wait for
-// the previous kernel and the first load. tpr (a multiple of 32, e.g. 160 or 640) needs one only
-// for several rows a block.
+// instructions a thread (a float reciprocal and its corrections) and which ptxas may place
+// after the wait for the previous kernel. tpr (a multiple of 32, e.g. 160 or 640) needs one
+// only for several rows a block.
 RAD_DEVICE RowThread row_thread(int tpr, int rpb, int split, int64_t M) {
   RowThread r;
   r.t = threadIdx.x;
@@ -149,11 +149,11 @@ RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[
 // quotient before its rounding, so it rounds to RN(x/d) unless x/d lies that close to a
 // midpoint of two floats, which the all-inputs test shows no 16-bit x does. (nvcc first
 // refines y with a Newton step, two FMAs a value, which general operands need; these kernels
-// are issue-bound at large M and silu was a third of their instructions.) Signed
-// zeros come out right without a test: the first quotient is a plain multiply (FMA with +0
-// would turn -0 into +0) and the residual is negated (d*q0 - x, then q0 - y*r), so x = -0
-// gives -0 / d = -0. Outside the range (large |x|, inf, NaN) the plain division runs for all
-// N. HIP: the division.
+// are issue-bound at large M and silu was a third of their instructions.) Signed zeros come
+// out right without a test: the first quotient is a plain multiply (FMA with +0 would turn -0
+// into +0) and the residual is negated (d*q0 - x, then q0 - y*r), so x = -0 gives -0 / d = -0.
+// Outside the range (large |x|, inf, NaN) the plain division runs for all N. HIP: the
+// division.
 template <int N>
 RAD_DEVICE void silu_f32(const float (&x)[N], float (&s)[N]) {
   float d[N];

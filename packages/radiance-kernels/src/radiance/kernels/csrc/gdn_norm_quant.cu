@@ -26,9 +26,9 @@ struct GdnArgs {
 
 // Large-M rows of 4 vectors a thread (per token, 128 threads a block) are held to 64 registers
 // (two blocks of the bound's 512 threads a SM): 8 blocks a SM instead of 6 at the 76 registers
-// ptxas takes unbounded, at the price of a few spilled registers (12-48 bytes a thread). The kernel
-// is issue-bound there and the extra warps fill issue slots: 0.92-0.99x the time at M = 8192
-// (benchmarks/results/epilogues_ab.md).
+// ptxas takes unbounded, at the price of a few spilled registers (12-48 bytes a thread). The
+// kernel is issue-bound there and the extra warps fill issue slots: 0.92-0.99x the time at
+// M = 8192 (benchmarks/results/epilogues_ab.md).
 template <int VPT>
 struct GdnMinBlocks {
   static constexpr int value = VPT == 4 ? 2 : 1;
@@ -46,8 +46,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value, GdnMinBlocks<VPT>::val
   // Row addresses before the weight's dtype branch: written after it, ptxas places their 64-bit
   // math between the wait and the first load (32 instructions there at one vector a thread,
   // against 20 this way), on the path a decode-size call is made of. The row bases once, then
-  // one 32-bit index a vector: with a 64-bit index per vector the address math was ~15
-  // instructions a vector and pointer.
+  // a 32-bit index a vector.
   const uint16_t* const x_row = a.x + rth.row * a.x_stride;
   const uint16_t* const z_row = a.z + rth.row * a.z_stride;
   bool on[VPT];
