@@ -39,9 +39,7 @@ FIELDS = ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_s
 
 
 def block_m(k: tune.Klass, width: int) -> int:
-    qpkv = k.num_query_heads // k.num_kv_heads
-    base, wide = policy.stock_block_m(qpkv), policy.next_pow2(width * qpkv)
-    return wide if width > 1 and base < wide <= 128 else base
+    return tune.wide_block_m(k, width) or policy.stock_block_m(k.num_query_heads // k.num_kv_heads)
 
 
 def launches(k: tune.Klass, bm: int, segments=SEGMENTS, stages=STAGES) -> list[policy.TritonLaunch]:

@@ -91,12 +91,18 @@ def _kv_torch_dtype(name):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[name]
 
 
+def wide_block_m(k: Klass, width: int) -> int | None:
+    """The block holding all of a verify sequence's rows, where it is wider than stock's (<= 128)."""
+    qpkv = k.num_query_heads // k.num_kv_heads
+    wide = policy.next_pow2(width * qpkv)
+    return wide if width > 1 and policy.stock_block_m(qpkv) < wide <= 128 else None
+
+
 def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy.TritonLaunch]:
     """Every launch measured at one point: split count x {stock block, all-rows block} x shape."""
     qpkv = k.num_query_heads // k.num_kv_heads
     base = policy.stock_block_m(qpkv)
-    rows = width * qpkv
-    wide = policy.next_pow2(rows)
+    wide = wide_block_m(k, width)
     out = []
     for seg in SEGMENTS:
         if seg == 1:  # unsplit: stock's own 2D launch for the stock block
@@ -107,7 +113,7 @@ def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy
             if seg <= policy.next_pow2(policy.cdiv(ctx, tile)):
                 out.append(policy.TritonLaunch(seg, base, max(1, base // qpkv), tile, shape.get("warps"),
                                                shape.get("stages"), "candidate"))
-    if width > 1 and base < wide <= 128:
+    if wide is not None:
         for seg in SEGMENTS:
             for shape in WIDE_SHAPES[wide].values():
                 if seg == 1 or seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
