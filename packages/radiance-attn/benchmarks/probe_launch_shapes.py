@@ -14,13 +14,10 @@ the harness's BASE_SHAPES / WIDE_SHAPES. ``--quick``: one class, one point, 128 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import multiprocessing as mp
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -58,18 +55,14 @@ def _compile(args) -> str:
     """Worker: build one launch (the harness's precompile step); '' or why it did not build."""
     src, klass, launch = args
     try:
-        tune._precompile_task((src, klass, launch, 1))
+        tune._precompile_task((src, klass, [launch], 1))
     except Exception as exc:  # noqa: BLE001 - the probe records which configs do not build
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     return ""
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel-src", required=True)
-    ap.add_argument("--budget-s", type=float, default=400.0)
-    ap.add_argument("--jobs", type=int, default=15)
+    ap = tune.probe_parser(__doc__, 400.0)
     ap.add_argument("--quick", action="store_true", help="one class, one point, 128 segments, 2 stages")
     args = ap.parse_args(argv)
     import torch
@@ -89,46 +82,30 @@ def main(argv=None) -> int:
         for _, _, width in points:
             for c in launches(k, block_m(k, width), **axes):
                 work.setdefault((k.name, key(c)), (args.kernel_src, asdict(k), {f: getattr(c, f) for f in FIELDS}))
-    failed = {}
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(_compile, v): kk for kk, v in work.items()}
-        for f in as_completed(futures):
-            if f.result():
-                failed["/".join(futures[f])] = f.result()
+    failed = {"/".join(kk): why for kk, why in tune.build_in_workers(_compile, work, args.jobs).items()}
     print(f"{len(work)} configs compiled in {time.time() - t0:.0f}s, {len(failed)} failed", flush=True)
 
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
     runner = RadianceUnifiedAttention(module, arch=arch, num_sms=sms, table={})
     results = []
-    for k in classes:
-        if time.time() - t0 > args.budget_s:
-            break
-        torch.cuda.empty_cache()
-        b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev, max_segments=max(SEGMENTS))
-        for ctx, seqs, width in points:
-            if time.time() - t0 > args.budget_s:
-                break
-            sets = b.point(ctx, seqs, width)
-            stock_sets = [b.stock_kwargs(s, module.RADIANCE_MANIFEST) for s in sets]
-            stock = tune.time_graph([lambda kw=kw: module.unified_attention(**kw) for kw in stock_sets])
-            rs = [b.radiance_kwargs(kw) for kw in sets]
-            shipped_us = tune.time_graph([lambda kw=kw: shipped(**kw) for kw in rs])
-            _, shipped_launch, _ = shipped.decide(rs[0])
-            cands = {}
-            for c in launches(k, block_m(k, width), **axes):
-                if f"{k.name}/{key(c)}" in failed or c.num_segments > policy.next_pow2(policy.cdiv(ctx, c.tile_size)):
-                    continue
-                cands[key(c)] = tune.time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
-            best = min(cands, key=cands.get)
-            floor = b.floor_us(ctx, seqs)
-            results.append({"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor,
-                            "stock_us": stock, "shipped_us": shipped_us,
-                            "shipped": shipped_launch.describe() if shipped_launch else "stock",
-                            "candidates": cands})
-            print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} stock {stock:.1f} shipped "
-                  f"{shipped_us:.1f} best {cands[best]:.1f} us ({best})", flush=True)
-            (out / "launch_shapes_probe.json").write_text(json.dumps({"failed": failed, "results": results}, indent=1))
-        del b
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, points, dev, t0 + args.budget_s,
+                                                                  max_segments=max(SEGMENTS)):
+        shipped_us, shipped_launch = tune.time_wrapper(shipped, b, sets)
+        rs = [b.radiance_kwargs(kw) for kw in sets]
+        cands = {}
+        for c in launches(k, block_m(k, width), **axes):
+            if f"{k.name}/{key(c)}" in failed or c.num_segments > policy.next_pow2(policy.cdiv(ctx, c.tile_size)):
+                continue
+            cands[key(c)] = tune.time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
+        best = min(cands, key=cands.get)
+        floor = b.floor_us(ctx, seqs)
+        results.append({"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor,
+                        "stock_us": stock, "shipped_us": shipped_us,
+                        "shipped": shipped_launch.describe() if shipped_launch else "stock",
+                        "candidates": cands})
+        print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} stock {stock:.1f} shipped "
+              f"{shipped_us:.1f} best {cands[best]:.1f} us ({best})", flush=True)
+        (out / "launch_shapes_probe.json").write_text(json.dumps({"failed": failed, "results": results}, indent=1))
     print(f"done in {time.time() - t0:.0f}s")
     return 0
 

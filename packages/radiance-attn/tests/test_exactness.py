@@ -19,8 +19,11 @@ def test_radiance_launch_matches_stock_and_reference(staged_dir):
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(cases) == 3
-    decode, verify, wide = cases
+    assert len(cases) == 6
+    decode, verify, wide = cases[:3]
+    assert all(c["kernel"] == "vllm" for c in cases[:3])
+    assert [(c["kernel"], c["kv"], c["segments"] >= 4) for c in cases[3:]] == [
+        ("radiance", "fp16", True), ("radiance", "fp8", True), ("radiance", "fp8", True)]
     # decode: the policy splits too, so the results differ from stock only by summation order
     assert decode["segments"] >= 4 and decode["tile"] == 64
     assert verify["segments"] >= 4 and verify["block_m"] == 16 and verify["tile"] == 64  # split-KV verify

@@ -237,3 +237,27 @@ def test_triton_launch_shapes_from_the_table():
     fp8 = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1, kv_dtype="fp8"),
                                {"arch": "sm_90", "triton": {"default": dict(rule, tile_3d=16), "classes": []}})
     assert fp8.tile_size == 32
+
+
+def test_triton_launch_kernel_from_the_table():
+    split = {"coef": 16, "exp": 1 / 3, "min": 4, "max": 256}
+    rule = {"max_query_len": 9, "max_seqs": 8, "split": split, "tile_3d": 64, "warps_3d": 4, "stages_3d": 2,
+            "kernel_3d": "radiance",
+            "wide": {"block_m": [32, 128], "min_fill": 0.4,
+                     "launch": {"32": {"tile": 64, "warps": 4, "stages": 2},
+                                "128": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"}}}}
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    tables.validate(table)
+    decode = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1), table)
+    assert decode.kernel == "radiance" and decode.num_segments > 1
+    assert "radiance kernel" in decode.describe()
+    # a widened block takes its own entry's kernel, never the 3D key's
+    assert policy.triton_launch(sm90(), table).kernel == "vllm"  # 32 rows
+    assert policy.triton_launch(sm90(num_tokens=9, max_seqlen_q=9), table).kernel == "radiance"  # 72 rows
+    # radiance's kernel is split-KV only: an unsplit launch is vLLM's 2D kernel
+    unsplit = dict(rule, split=dict(split, unsplit_below=1 << 20))
+    one = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1),
+                               {"arch": "sm_90", "triton": {"default": unsplit, "classes": []}})
+    assert one.num_segments == 1 and one.kernel == "vllm"
+    with pytest.raises(ValueError, match="kernel"):
+        tables.validate({"arch": "x", "triton": {"default": dict(rule, kernel_3d="flash")}})

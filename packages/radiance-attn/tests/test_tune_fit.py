@@ -9,7 +9,7 @@ GRID = {"ctx": (4096, 32768, 131072), "seqs": (1, 2, 8), "width": (1, 2, 4, 9)}
 
 
 def _truth():
-    return tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "t64w8s2", {32: "t64w4s2", 64: "t32w4", 128: "t64w8s2"},
+    return tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w8s2", {32: "t64w4s2", 64: "t32w4", 128: "rk_t64w8s2"},
                       {128: 0.5})
 
 
@@ -25,11 +25,12 @@ def _points():
                 best = policy.triton_launch(tune._geo(p, "sm_90"), truth)
                 cands = {}
                 for c in tune.candidate_launches(KLASS, ctx, seqs, width):
-                    # the truth's launch is fastest; every step away from it in segments, shape or
-                    # block costs time
+                    # the truth's launch is fastest; every step away from it in segments, shape,
+                    # kernel or block costs time
                     t = 10.0 * (1 + 0.2 * abs(math.log2(c.num_segments / best.num_segments)))
                     t *= 1.0 if (c.tile_size, c.num_warps, c.num_stages) == (best.tile_size, best.num_warps,
                                                                             best.num_stages) else 1.4
+                    t *= 1.0 if c.kernel == best.kernel else 1.3
                     t *= 1.0 if c.block_m == best.block_m else 1.5
                     cands[tune._key(c)] = t
                 key = min(cands, key=cands.get)
@@ -46,8 +47,11 @@ def test_fit_recovers_shapes_block_and_split_scale():
     rule, score = tune.fit(_points(), "sm_90", 8, 9)
     assert score["unmeasured_choices"] == 0 and score["slower_than_stock_3pct"] == 0
     assert score["mean_regret_pct"] < 1.0, score
-    assert (rule["tile_3d"], rule["warps_3d"], rule["stages_3d"]) == (64, 8, 2)
-    assert rule["wide"]["launch"]["128"] == {"tile": 64, "warps": 8, "stages": 2, "split_scale": 0.5}
+    assert (rule["tile_3d"], rule["warps_3d"], rule["stages_3d"], rule["kernel_3d"]) == (64, 8, 2, "radiance")
+    assert rule["split"]["max"] == 256  # radiance's kernel is swept to 256 segments
+    assert rule["wide"]["launch"]["128"] == {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance",
+                                             "split_scale": 0.5}
+    assert rule["wide"]["launch"]["64"] == {"tile": 32, "warps": 4}  # vLLM's kernel where it is faster
     assert rule["wide"]["min_fill"] <= 0.5  # width 9's 72 rows go to the 128-row block
 
 
@@ -55,8 +59,12 @@ def test_candidates_cover_each_shape_and_skip_empty_segments():
     cands = tune.candidate_launches(KLASS, 4096, 1, 9)
     keys = {tune._key(c) for c in cands}
     assert len(keys) == len(cands)
-    assert {(c.tile_size, c.num_warps, c.num_stages) for c in cands if c.block_m == 16 and c.num_segments > 1} == {
-        (16, None, None), (64, 4, 2), (64, 8, 2)}
-    assert {(c.tile_size, c.num_warps, c.num_stages) for c in cands if c.block_m == 128} == {(32, 8, None), (64, 8, 2)}
-    # 4096 tokens are 64 tiles of 64: no 128-segment split with that tile
+    shapes = {(c.tile_size, c.num_warps, c.num_stages, c.kernel) for c in cands if c.block_m == 16 and c.num_segments > 1}
+    assert shapes == {(64, 4, 2, "vllm"), (64, 8, 2, "vllm"), (64, 4, 2, "radiance"), (64, 8, 2, "radiance"),
+                      (32, 4, 2, "radiance")}
+    assert {(c.tile_size, c.num_warps, c.num_stages, c.kernel) for c in cands if c.block_m == 128} == {
+        (32, 8, None, "vllm"), (64, 8, 2, "vllm"), (64, 8, 2, "radiance"), (64, 8, 3, "radiance")}
+    assert not any(c.kernel == "radiance" and c.num_segments == 1 for c in cands)  # split-KV only
+    # 4096 tokens are 64 tiles of 64: no 128-segment split with that tile; 128 tiles of 32: up to 128
     assert all(c.num_segments <= 64 for c in cands if c.tile_size == 64)
+    assert max(c.num_segments for c in cands if c.tile_size == 32 and c.kernel == "radiance") == 128

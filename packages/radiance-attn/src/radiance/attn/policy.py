@@ -196,6 +196,9 @@ class TritonLaunch:
     num_stages: int | None = None
     reason: str = ""
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # "vllm": vLLM's kernel_unified_attention (+ reduce_segments); "radiance": radiance's own
+    # split-KV kernel (split_kv_kernel.py), whose fp8 KV path keeps the scales out of the tile loop.
+    kernel: str = "vllm"
 
     @property
     def is_3d(self) -> bool:
@@ -210,7 +213,8 @@ class TritonLaunch:
     def describe(self) -> str:
         warps = self.num_warps if self.num_warps is not None else "default"
         kind = f"split-KV {self.num_segments} segments" if self.is_3d else "unsplit 2D"
-        return f"{kind}, BLOCK_M={self.block_m} BLOCK_Q={self.block_q} TILE={self.tile_size} warps={warps}"
+        who = "radiance kernel, " if self.kernel == "radiance" else ""
+        return f"{who}{kind}, BLOCK_M={self.block_m} BLOCK_Q={self.block_q} TILE={self.tile_size} warps={warps}"
 
 
 def stock_triton_tile(geo: Geometry, is_3d: bool) -> int:
@@ -270,11 +274,14 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
         return None  # exactly stock's verify launch
     if seg <= 1:
         tile = stock_triton_tile(geo, False) if bm == base_bm else tile
-    if wide_cfg:  # a widened block's warps and stages are its own entry's, never the 3D keys
-        warps, stages = wide_cfg.get("warps"), wide_cfg.get("stages")
+    if wide_cfg:  # a widened block's warps, stages and kernel are its own entry's, never the 3D keys
+        warps, stages, kernel = wide_cfg.get("warps"), wide_cfg.get("stages"), wide_cfg.get("kernel", "vllm")
     else:
         warps = rule.get("warps_3d") if seg > 1 else None
         stages = rule.get("stages_3d") if seg > 1 else None
+        kernel = rule.get("kernel_3d", "vllm")
+    if seg <= 1:
+        kernel = "vllm"  # radiance's kernel is split-KV only; unsplit launches are vLLM's 2D kernel
     return TritonLaunch(
         num_segments=seg,
         block_m=bm,
@@ -282,6 +289,7 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
         tile_size=tile,
         num_warps=None if warps is None else int(warps),
         num_stages=None if stages is None else int(stages),
+        kernel=kernel,
         reason=f"table {table.get('arch', geo.arch)}{' (provisional)' if table.get('provisional') else ''}",
         notes=tuple(notes),
     )

@@ -1,6 +1,6 @@
 """Reference paged causal attention: the specification the kernels' outputs are checked against.
 
-Plain torch in fp32, one sequence at a time: gather the sequence's keys and values through its
+Plain torch (fp32 unless asked for fp64), one sequence at a time: gather the sequence's keys and values through its
 block table, mask causally (query ``i`` of a sequence with ``L`` keys and ``n`` queries sits at
 absolute position ``L - n + i``), softmax, weighted sum. Slow and obvious on purpose.
 """
@@ -11,8 +11,8 @@ import torch
 
 
 def unified_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, scale,
-                      k_scale: float = 1.0, v_scale: float = 1.0):
-    """Attention output ``[tokens, q_heads, head]`` in fp32.
+                      k_scale: float = 1.0, v_scale: float = 1.0, dtype=torch.float32):
+    """Attention output ``[tokens, q_heads, head]``, computed in ``dtype`` (fp32, or fp64 for tests).
 
     q ``[tokens, q_heads, head]``; caches ``[blocks, block_size, kv_heads, head]`` (any float or
     fp8 dtype; fp8 is dequantized by ``k_scale``/``v_scale``); ``cu_seqlens_q`` ``[seqs+1]``,
@@ -25,7 +25,7 @@ def unified_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, 
     if q_heads % kv_heads:
         raise ValueError(f"{q_heads} query heads do not group over {kv_heads} KV heads")
     group = q_heads // kv_heads
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     for s, seq_len in enumerate(lens):
@@ -34,11 +34,11 @@ def unified_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, 
         if n == 0:
             continue
         blocks = block_table[s, : (seq_len + block_size - 1) // block_size].long()
-        k = k_cache[blocks].float().reshape(-1, kv_heads, k_cache.shape[3])[:seq_len] * k_scale
-        v = v_cache[blocks].float().reshape(-1, kv_heads, v_cache.shape[3])[:seq_len] * v_scale
+        k = k_cache[blocks].to(dtype).reshape(-1, kv_heads, k_cache.shape[3])[:seq_len] * k_scale
+        v = v_cache[blocks].to(dtype).reshape(-1, kv_heads, v_cache.shape[3])[:seq_len] * v_scale
         k = k.repeat_interleave(group, dim=1)  # [L, q_heads, D]
         v = v.repeat_interleave(group, dim=1)
-        qs = q[start:stop].float()  # [n, q_heads, D]
+        qs = q[start:stop].to(dtype)  # [n, q_heads, D]
         scores = torch.einsum("nhd,lhd->hnl", qs, k) * scale
         pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None]
         keys = torch.arange(seq_len, device=q.device)[None, :]

@@ -6,9 +6,10 @@ rule plus ``classes`` (a ``match`` on head size / KV heads / dtypes, and the rul
 it). Lookup is by exact arch only, so a table fitted on one GPU never moves another's shapes.
 
 A Triton rule: ``split`` (coef, exp, min, max[, unsplit_below]) for the segment count;
-optional ``tile_3d`` / ``warps_3d`` / ``stages_3d`` for the stock block's split launch (absent:
-vLLM's own); ``wide`` (``block_m`` choices, ``min_fill``, and per block a ``launch`` of tile,
-warps, optional stages and optional ``split_scale`` on the split coefficient); ``max_seqs`` and
+optional ``tile_3d`` / ``warps_3d`` / ``stages_3d`` / ``kernel_3d`` for the stock block's split
+launch (absent: vLLM's own shape and kernel; ``kernel_3d: "radiance"`` runs radiance's split-KV
+kernel); ``wide`` (``block_m`` choices, ``min_fill``, and per block a ``launch`` of tile, warps,
+optional stages, optional ``kernel`` and optional ``split_scale`` on the split coefficient); ``max_seqs`` and
 ``max_query_len`` bound the batches it serves.
 
 Sources, first match wins:
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 TABLE_DIR = Path(__file__).parent / "tables"
+KERNELS = ("vllm", "radiance")  # whose split-KV kernel a launch runs (policy.TritonLaunch.kernel)
 ENV_TABLE = "RADIANCE_ATTN_TABLE"
 
 # Per-workgroup LDS/shared-memory bytes the LDS clamp budgets against.
@@ -76,6 +78,11 @@ def validate(table: Mapping[str, Any]) -> None:
             for bm in (rule.get("wide") or {}).get("block_m", []):
                 if int(bm) & (int(bm) - 1):
                     raise ValueError(f"table {table['arch']}: BLOCK_M {bm} is not a power of two")
+            kernels = [rule.get("kernel_3d", "vllm")]
+            kernels += [c.get("kernel", "vllm") for c in ((rule.get("wide") or {}).get("launch") or {}).values()]
+            for kernel in kernels:
+                if kernel not in KERNELS:
+                    raise ValueError(f"table {table['arch']}: kernel {kernel!r} is not one of {KERNELS}")
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,9 @@ and runs every batch with ``max_seqlen_q > 1`` -- a speculative-decoding verify 
 the unsplit kernel with a 16-row query block. ``RadianceUnifiedAttention`` has the wrapper's
 signature and launches the same two kernels (``kernel_unified_attention``, ``reduce_segments``)
 with the policy's split count, BLOCK_M/BLOCK_Q, tile, warps and the grid that follows, for
-decode and verify batches; anything it does not handle goes to the stock wrapper untouched.
+decode and verify batches -- or, where the table names it, runs the same launch shape on
+radiance's own split-KV kernel (``split_kv_kernel``; a call it cannot take stays on vLLM's
+kernel); anything it does not handle goes to the stock wrapper untouched.
 
 Why split-KV is exact for verify batches: the kernel masks causally per (query row, key), each
 segment stores its running max and exp-sum, and ``reduce_segments`` (which finds a token's
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Callable
 
-from radiance.attn import policy, tables
+from radiance.attn import policy, split_kv_kernel, tables
 
 logger = logging.getLogger("vllm.radiance.attn")
 _MAX_CACHED_DECISIONS = 256
@@ -222,6 +225,11 @@ class RadianceUnifiedAttention:
             geo, launch, reason = self.decide(kwargs)
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             geo, launch, reason = None, None, f"stock: unexpected input ({type(exc).__name__}: {exc})"
+        if launch is not None and launch.kernel == "radiance":
+            why = radiance_kernel_refusal(kwargs, launch)
+            if why is not None:  # same launch shape on vLLM's kernel, which takes every such call
+                launch = replace(launch, kernel="vllm")
+                reason = f"{reason}; vLLM's kernel: {why}"
         self.last_decision = (geo, launch, reason)
         self._log_first(kwargs, geo, launch, reason)
         if launch is None:
@@ -255,10 +263,16 @@ class RadianceUnifiedAttention:
         record("attn.triton_unified_attention", query, what if launch is not None else None, reason)
 
     def launch(self, kw: dict, launch: policy.TritonLaunch) -> None:
-        """Launch vLLM's kernels with ``launch`` (decide() has checked every precondition)."""
+        """Launch ``launch`` (decide() and, for radiance's kernel, radiance_kernel_refusal() have
+        checked every precondition)."""
         m = self.module
         q, k, v, out = kw["q"], kw["k"], kw["v"], kw["out"]
         seqused_k, block_table, cu_seqlens_q = kw["seqused_k"], kw["block_table"], kw["cu_seqlens_q"]
+        if launch.kernel == "radiance":
+            split_kv_kernel.launch(q, k, v, out, cu_seqlens_q, seqused_k, block_table, int(kw["max_seqlen_q"]),
+                                   kw["softmax_scale"], kw["k_descale"], kw["v_descale"], launch,
+                                   kw["softmax_segm_output"], kw["softmax_segm_max"], kw["softmax_segm_expsum"])
+            return
         sinks = kw.get("sinks")
         output_scale = kw.get("output_scale")
         softcap = kw["softcap"]
@@ -365,6 +379,27 @@ class RadianceUnifiedAttention:
                 NUM_SEGMENTS_PER_SEQ=launch.num_segments,
                 USE_FP8=output_scale is not None,
             )
+
+
+def radiance_kernel_refusal(kw: dict, launch: policy.TritonLaunch) -> str | None:
+    """Why radiance's split-KV kernel cannot take this call (vLLM's kernel then runs the same
+    launch shape), or None. Checked per call: these are properties of the tensors and options,
+    not of the geometry the policy decided on."""
+    import torch
+
+    for name, what in (("output_scale", "fp8 output"), ("sinks", "attention sinks"), ("q_descale", "fp8 query")):
+        if kw.get(name) is not None:
+            return what
+    if kw["softcap"]:
+        return "softcap"
+    fp8_kv = kw["k"].dtype == torch.float8_e4m3fn
+    if int(kw.get("kv_quant_mode", 0)) != (1 if fp8_kv else 0):
+        return f"kv_quant_mode {int(kw.get('kv_quant_mode', 0))} with {kw['k'].dtype} KV"
+    head_padded = policy.next_pow2(kw["q"].shape[2])
+    segm = (kw["softmax_segm_output"], kw["softmax_segm_max"], kw["softmax_segm_expsum"])
+    units = min(segm[0].numel() // head_padded, segm[1].numel(), segm[2].numel())
+    return split_kv_kernel.check_inputs(kw["q"], kw["k"], kw["v"], kw["out"], kw["k_descale"], kw["v_descale"],
+                                        launch, units)
 
 
 def _usable_scratch(t, device) -> bool:

@@ -1,4 +1,5 @@
-"""Tuning harness: sweep vLLM's Triton unified-attention kernel on the GPU at hand, fit the rule.
+"""Tuning harness: sweep the split-KV kernels (vLLM's Triton unified attention and radiance's own)
+on the GPU at hand, fit the rule.
 
     python -m radiance.attn.tune --out DIR --kernel-src STAGED_DIR [--quick]
     (also the ``radiance-attn`` console script, and benchmarks/bench_unified_attention.py)
@@ -10,8 +11,8 @@ replays on random data with KV rotated through more than the L2 size:
   * stock: the installed vLLM's own wrapper with its backend's constants (16 segments, split
     only for single-token decode, 3D threshold MIN_LAUNCH_GRID_SIZE_2D // kv_heads);
   * every candidate launch: split count x BLOCK_M (stock block, and the block that holds all
-    of a sequence's rows) x launch shape (KV tile, warps, pipeline stages: stock's, and a
-    64-token tile double-buffered: BASE_SHAPES, WIDE_SHAPES);
+    of a sequence's rows) x launch shape and kernel (KV tile, warps, pipeline stages, vLLM's
+    kernel or radiance's: BASE_SHAPES, WIDE_SHAPES);
 then fits the policy's rule to the candidates (fewest points slower than stock by >3%, then
 least total log-regret against the best candidate), writes ``DIR/tables/<arch>.json``, and
 re-measures radiance's own wrapper with the fitted table against stock at every point, with the
@@ -21,6 +22,7 @@ KV-read floor (the batch's KV bytes at 4.25 TB/s) and an exactness check of radi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import itertools
 import json
@@ -30,7 +32,7 @@ import platform
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,24 +42,39 @@ from radiance.attn.triton_launch import RadianceUnifiedAttention, detect_arch
 COPY_BW = 4.25e12  # bytes/s, H200 copy rate measured here
 L2_ROTATE_BYTES = 160 << 20  # rotate KV through > 3x the H200's 50 MB L2 where the size allows
 SEGMENTS = (1, 4, 8, 16, 32, 64, 128)
-# Launch shapes (KV tile, warps, software-pipeline stages) swept with each split count. "stock"
-# for the stock block is vLLM's own 3D launch (tile 16 for bf16 KV, 32 for fp8; Triton's default
-# 4 warps and 3 stages). benchmarks/probe_launch_shapes.py timed every tile {16, 32, 64} x warps
-# {2, 4, 8} x stages {1, 2, 3} x segments {64..512} at five head-256 bf16 points on the H200
+# radiance's kernel reduces each row's segments in one memory round trip (split_kv_kernel.py), so
+# its sweep goes one power of two further.
+RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
+# Launch shapes (KV tile, warps, software-pipeline stages, kernel) swept with each split count.
+# benchmarks/probe_launch_shapes.py timed every tile {16, 32, 64} x warps {2, 4, 8} x stages
+# {1, 2, 3} x segments {64..512} of vLLM's kernel at five head-256 bf16 points on the H200
 # (results/launch_shapes.md): a 64-token tile with 2 stages was the fastest launch at all five,
-# 1.20-1.48x faster than the launch the table fitted before chose; 2 stages beat 1 and 3 everywhere;
-# segments past 128 never won; 128-row blocks need 8 warps (4 ran 2.5-3x slower). So each point
-# measures the stock shape and these, and the fit picks per class.
+# 1.20-1.48x faster than stock's tile; 2 stages beat 1 and 3 everywhere; segments past 128 never
+# won; 128-row blocks need 8 warps (4 ran 2.5-3x slower); the table fitted from the full sweep
+# chose no other shape. benchmarks/probe_split_kv_kernel.py timed radiance's kernel over tile
+# {32, 64} x warps {4, 8} x stages {2, 3} at 72 points (results/split_kv_kernel.md); the shapes
+# below ("rk_") are the ones that won there. The fit picks shape and kernel per class.
 BASE_SHAPES = {
-    "stock": {},
     "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
     "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
+    "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
+    "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
+    "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
 }
 WIDE_SHAPES = {
-    32: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2}},
-    64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2}},
-    128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2}},
+    32: {"t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
+         "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"}},
+    64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
+         "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
+         "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"}},
+    128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
+          "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
+          "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"}},
 }
+
+
+def _segments(shape: dict) -> tuple[int, ...]:
+    return RADIANCE_SEGMENTS if shape.get("kernel") == "radiance" else SEGMENTS[1:]
 
 
 @dataclass(frozen=True)
@@ -103,22 +120,19 @@ def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy
     qpkv = k.num_query_heads // k.num_kv_heads
     base = policy.stock_block_m(qpkv)
     wide = wide_block_m(k, width)
-    out = []
-    for seg in SEGMENTS:
-        if seg == 1:  # unsplit: stock's own 2D launch for the stock block
-            out.append(policy.TritonLaunch(1, base, max(1, base // qpkv), 32, None, None, "candidate"))
-            continue
-        for shape in BASE_SHAPES.values():
-            tile = shape.get("tile", 16 if k.kv_dtype != "fp8" else 32)
-            if seg <= policy.next_pow2(policy.cdiv(ctx, tile)):
-                out.append(policy.TritonLaunch(seg, base, max(1, base // qpkv), tile, shape.get("warps"),
-                                               shape.get("stages"), "candidate"))
+    out = [policy.TritonLaunch(1, base, max(1, base // qpkv), 32, None, None, "candidate")]  # stock's 2D launch
+    for shape in BASE_SHAPES.values():
+        for seg in _segments(shape):
+            if seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
+                out.append(policy.TritonLaunch(seg, base, max(1, base // qpkv), shape["tile"], shape["warps"],
+                                               shape["stages"], "candidate", kernel=shape.get("kernel", "vllm")))
     if wide is not None:
-        for seg in SEGMENTS:
-            for shape in WIDE_SHAPES[wide].values():
+        for shape in WIDE_SHAPES[wide].values():
+            segs = _segments(shape) if shape.get("kernel") == "radiance" else SEGMENTS
+            for seg in segs:
                 if seg == 1 or seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
                     out.append(policy.TritonLaunch(seg, wide, max(1, wide // qpkv), shape["tile"], shape["warps"],
-                                                   shape.get("stages"), "candidate"))
+                                                   shape.get("stages"), "candidate", kernel=shape.get("kernel", "vllm")))
     return out
 
 
@@ -126,7 +140,7 @@ class Bench:
     """Inputs for one class, allocated once; per point views, block tables and rotations."""
 
     def __init__(self, module, k: Klass, max_tokens: int, device, rotate_bytes=L2_ROTATE_BYTES,
-                 max_segments: int = max(SEGMENTS)):
+                 max_segments: int = max(RADIANCE_SEGMENTS)):
         torch = _torch()
         self.m, self.k, self.device = module, k, device
         self.dtype = _kv_torch_dtype(k.kv_dtype)
@@ -158,7 +172,8 @@ class Bench:
         cu = torch.arange(0, tokens + 1, width, device=self.device, dtype=torch.int32)
         lens = torch.full((seqs,), ctx, device=self.device, dtype=torch.int32)
         nb = ctx // BLOCK
-        one = torch.ones((seqs, k.num_kv_heads), device=self.device, dtype=torch.float32)
+        # vLLM's backend passes the layer's tensor scale expanded to [seqs, kv_heads]
+        one = torch.ones(1, device=self.device, dtype=torch.float32).expand(seqs, k.num_kv_heads)
         sets = []
         for r in range(rot):
             bt = self.perm[r * seqs * nb : (r + 1) * seqs * nb].view(seqs, nb)
@@ -220,9 +235,66 @@ def time_graph(fns, reps: int = 10) -> float:
     return statistics.median(times)
 
 
+_LAUNCH_FIELDS = ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages", "kernel")
+
+
+def time_stock(module, b: "Bench", sets: list[dict]) -> float:
+    """Stock at one point: vLLM's wrapper with its backend's segments and 3D threshold."""
+    stock_sets = [b.stock_kwargs(kw, module.RADIANCE_MANIFEST) for kw in sets]
+    return time_graph([lambda kw=kw: module.unified_attention(**kw) for kw in stock_sets])
+
+
+def time_wrapper(wrapper: RadianceUnifiedAttention, b: "Bench", sets: list[dict]):
+    """(µs, launch) of radiance's wrapper at one point, on the scratch radiance's backend sizes."""
+    rs = [b.radiance_kwargs(kw) for kw in sets]
+    us = time_graph([lambda kw=kw: wrapper(**kw) for kw in rs])
+    return us, wrapper.last_decision[1]
+
+
+def probe_parser(doc: str, budget_s: float) -> argparse.ArgumentParser:
+    """The command line the probes in benchmarks/ share."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--kernel-src", required=True)
+    ap.add_argument("--budget-s", type=float, default=budget_s)
+    ap.add_argument("--jobs", type=int, default=15)
+    return ap
+
+
+def probe_points(module, classes, points, device, deadline: float, **bench_kw):
+    """The probes' walk: per class one Bench, per (ctx, seqs, width) point its argument sets and
+    stock's time; stops at ``deadline`` (time.time()). Yields (klass, bench, point, sets, stock_us)."""
+    torch = _torch()
+    for k in classes:
+        if time.time() > deadline:
+            return
+        torch.cuda.empty_cache()
+        b = Bench(module, k, max(c * s for c, s, _ in points), device, **bench_kw)
+        for ctx, seqs, width in points:
+            if time.time() > deadline:
+                return
+            sets = b.point(ctx, seqs, width)
+            yield k, b, (ctx, seqs, width), sets, time_stock(module, b, sets)
+        del b
+
+
+def build_in_workers(fn, tasks: dict, jobs: int) -> dict:
+    """Run ``fn(args)`` for each ``tasks`` value in spawned processes (each builds kernels into
+    Triton's cache); returns ``{key: why}`` for the tasks whose ``fn`` returned an error string."""
+    import multiprocessing as mp
+
+    failed = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(fn, v): k for k, v in tasks.items()}
+        for f in as_completed(futures):
+            if f.result():
+                failed[futures[f]] = f.result()
+    return failed
+
+
 def _precompile_task(args):
-    """Worker: compile one launch config by running it once on a tiny batch (fills the cache)."""
-    src, klass, launch, width = args
+    """Worker: compile launch configs by running each once on a tiny batch (fills the cache)."""
+    src, klass, launches, width = args
     import torch
 
     module = kernel_source.load(src)
@@ -230,32 +302,33 @@ def _precompile_task(args):
     device = torch.device("cuda")
     b = Bench(module, k, max_tokens=2 * 512, device=device, rotate_bytes=0)
     runner = RadianceUnifiedAttention(module, arch="any", num_sms=1, table={})
-    for seqs in (1, 2):
-        for kw in b.point(512, seqs, width)[:1]:
-            runner.launch(b.radiance_kwargs(kw), policy.TritonLaunch(**launch))
-            if launch["num_segments"] == 1 and launch["block_m"] == policy.stock_block_m(k.num_query_heads // k.num_kv_heads):
-                module.unified_attention(**b.stock_kwargs(kw, module.RADIANCE_MANIFEST))
+    for launch in launches:
+        for seqs in (1, 2):
+            for kw in b.point(512, seqs, width)[:1]:
+                runner.launch(b.radiance_kwargs(kw), policy.TritonLaunch(**launch))
+                if launch["num_segments"] == 1 and launch["block_m"] == policy.stock_block_m(k.num_query_heads // k.num_kv_heads):
+                    module.unified_attention(**b.stock_kwargs(kw, module.RADIANCE_MANIFEST))
     torch.cuda.synchronize()
-    return True
+    return ""
 
 
 def precompile(src: str, work: list, jobs: int) -> float:
-    """Compile every distinct launch in ``work`` in parallel processes; returns seconds spent."""
+    """Compile every distinct launch in ``work`` in parallel processes; returns seconds spent.
+
+    vLLM's kernel takes the segment count as a constexpr (a build per count); radiance's takes it
+    at run time in the main kernel, so one task builds a shape's main kernel once and each
+    count's small reduce kernel after it.
+    """
     t0 = time.time()
-    seen = {}
+    tasks = {}
     for k, ctx, seqs, width in work:
         for c in candidate_launches(k, ctx, seqs, width):
-            key = (k.name, _key(c))
-            if key not in seen:
-                launch = {f: getattr(c, f) for f in ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages")}
-                seen[key] = (src, asdict(k), launch, width)
-    if jobs <= 1 or not seen:
+            group = _key(c if c.kernel != "radiance" else dataclasses.replace(c, num_segments=0))
+            task = tasks.setdefault((k.name, group), (src, asdict(k), {}, width))
+            task[2][_key(c)] = {f: getattr(c, f) for f in _LAUNCH_FIELDS}
+    if jobs <= 1 or not tasks:
         return 0.0
-    import multiprocessing as mp
-
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        for _ in pool.map(_precompile_task, list(seen.values())):
-            pass
+    build_in_workers(_precompile_task, {kk: (a, k, list(ls.values()), w) for kk, (a, k, ls, w) in tasks.items()}, jobs)
     return time.time() - t0
 
 
@@ -264,7 +337,17 @@ def rule_table(arch: str, rules: dict, default: dict, meta: dict) -> dict:
             "triton": {"default": default, "classes": [{"match": m, "rule": r} for m, r in rules.values()]}}
 
 
-def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="stock", wide_shapes=None, wide_scales=None):
+# What a point keeps from the sweep (the rest is the final comparison's, redone with the new table).
+_SWEPT = ("class", "head_size", "num_query_heads", "num_kv_heads", "kv_dtype", "ctx", "seqs", "width", "stock_us",
+          "candidates", "best", "best_us", "floor_us")
+
+
+def earlier_meta(path: str) -> dict:
+    meta = json.loads(Path(path).read_text())["meta"]
+    return {"date": meta.get("date"), "classes": [c["name"] for c in meta.get("classes", [])]}
+
+
+def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", wide_shapes=None, wide_scales=None):
     wide_shapes, wide_scales = wide_shapes or {}, wide_scales or {}
     launch = {}
     for bm, shapes in WIDE_SHAPES.items():
@@ -272,11 +355,11 @@ def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="stock", wid
         launch[str(bm)] = dict(shapes[name])
         if wide_scales.get(bm, 1) != 1:
             launch[str(bm)]["split_scale"] = wide_scales[bm]
-    rule = {"max_query_len": max_q, "max_seqs": max_seqs,
-            "split": {"coef": coef, "exp": exp, "min": lo, "max": max(SEGMENTS), "unsplit_below": unsplit},
-            "wide": {"block_m": sorted(WIDE_SHAPES), "min_fill": fill, "launch": launch}}
     shape = BASE_SHAPES[base_shape]
-    for key in ("tile", "warps", "stages"):
+    rule = {"max_query_len": max_q, "max_seqs": max_seqs,
+            "split": {"coef": coef, "exp": exp, "min": lo, "max": max(_segments(shape)), "unsplit_below": unsplit},
+            "wide": {"block_m": sorted(WIDE_SHAPES), "min_fill": fill, "launch": launch}}
+    for key in ("tile", "warps", "stages", "kernel"):
         if key in shape:
             rule[f"{key}_3d"] = shape[key]
     return rule
@@ -305,7 +388,7 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
     bound, unsplit threshold) keep it to about a thousand policy evaluations per point set,
     seconds on the GPU host's CPU.
     """
-    params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8, "base": "stock",
+    params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8, "base": next(iter(BASE_SHAPES)),
               **{f"w{bm}": next(iter(shapes)) for bm, shapes in WIDE_SHAPES.items()},
               **{f"s{bm}": 1 for bm in WIDE_SHAPES}}
     grids = [
@@ -345,7 +428,8 @@ def _geo(p: dict, arch: str) -> policy.Geometry:
 def _key(launch: policy.TritonLaunch | None) -> str:
     if launch is None:
         return "stock"
-    return f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}_st{launch.num_stages}"
+    key = f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}_st{launch.num_stages}"
+    return key + "_rk" if launch.kernel == "radiance" else key
 
 
 def _time_of(p: dict, launch) -> float | None:
@@ -361,6 +445,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small grid, bf16 KV only")
     ap.add_argument("--budget-s", type=float, default=270.0, help="stop sweeping new points after this many seconds (the fit and the stock comparison follow)")
     ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--classes", help="comma list of class names to sweep (default: all)")
+    ap.add_argument("--merge", action="append", default=[], metavar="JSON",
+                    help="bench_unified_attention.json of an earlier run on this GPU: its classes' swept "
+                         "candidates join the fit and the final comparison instead of being swept again")
     args = ap.parse_args(argv)
     torch = _torch()
     out = Path(args.out)
@@ -379,6 +467,20 @@ def main(argv=None) -> int:
     classes = [c for c in CLASSES if (c.kv_dtype == "bf16" or (fp8_ok and not args.quick))]
     if not fp8_ok:
         print("fp8 KV skipped: this GPU has no fp8 dot support in Triton")
+    if args.classes:
+        wanted = set(args.classes.split(","))
+        unknown = wanted - {c.name for c in CLASSES}
+        if unknown:
+            ap.error(f"unknown classes {sorted(unknown)}")
+        classes = [c for c in classes if c.name in wanted]
+    merged = []
+    for path in args.merge:
+        earlier = json.loads(Path(path).read_text())
+        if earlier["meta"].get("gpu") != props.name:
+            ap.error(f"{path} was measured on {earlier['meta'].get('gpu')}, not {props.name}")
+        merged += [dict({k: v for k, v in p.items() if k in _SWEPT}, merged=True) for p in earlier["points"]
+                   if p["class"] not in {c.name for c in classes}]
+    classes_all = classes + [c for c in CLASSES if c not in classes and any(p["class"] == c.name for p in merged)]
     work = [(k, c, s, w) for k in classes for c in grid["ctx"] for s in grid["seqs"] for w in grid["width"]]
     import triton
 
@@ -387,7 +489,8 @@ def main(argv=None) -> int:
             "vllm_kernel_from": manifest.get("vllm_version", "unknown"),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "python": platform.python_version(), "grid": {k: list(v) for k, v in grid.items()},
-            "classes": [asdict(c) for c in classes]}
+            "classes": [asdict(c) for c in classes_all],
+            "merged": {"from": [earlier_meta(p) for p in args.merge], "points": len(merged)} if merged else None}
     print(f"radiance-attn tune on {props.name} ({arch}), kernel from vLLM {meta['vllm_kernel_from']}, "
           f"{len(work)} points, {args.jobs} compile workers")
     pre = precompile(str(args.kernel_src), work, args.jobs)
@@ -406,8 +509,7 @@ def main(argv=None) -> int:
             by_class[k.name] = Bench(module, k, max_tokens, device)
         b = by_class[k.name]
         sets = b.point(ctx, seqs, width)
-        stock_sets = [b.stock_kwargs(kw, manifest) for kw in sets]
-        stock_us = time_graph([lambda kw=kw: module.unified_attention(**kw) for kw in stock_sets])
+        stock_us = time_stock(module, b, sets)
         runner = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table={})
         cands = {}
         for c in candidate_launches(k, ctx, seqs, width):
@@ -422,6 +524,8 @@ def main(argv=None) -> int:
               f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
     if skipped:
         print(f"budget {args.budget_s:.0f}s reached: {skipped} points not measured")
+    points += merged
+    classes = classes_all
 
     # ---- fit -----------------------------------------------------------------------------------
     max_seqs, max_q = max(grid["seqs"]), max(grid["width"])
@@ -450,9 +554,9 @@ def main(argv=None) -> int:
             by_class[k.name] = Bench(module, k, max(grid["ctx"]) * max(grid["seqs"]), device)
         b = by_class[k.name]
         sets = b.point(p["ctx"], p["seqs"], p["width"])
-        rs = [b.radiance_kwargs(kw) for kw in sets]
-        p["radiance_us"] = time_graph([lambda kw=kw: rad(**kw) for kw in rs])
-        geo, launch, reason = rad.decide(rs[0])
+        if p.get("merged"):  # swept in an earlier run: stock is timed again here, beside radiance
+            p["stock_us"] = time_stock(module, b, sets)
+        p["radiance_us"], launch = time_wrapper(rad, b, sets)  # the timed calls' own launch
         p["radiance"] = launch.describe() if launch is not None else "stock wrapper"
         p["stock"] = "split-KV 16 segments" if p["width"] == 1 else "unsplit 2D, BLOCK_M 16"
         kw0 = sets[0]

@@ -1,0 +1,280 @@
+"""radiance's own split-KV paged attention for decode and verify batches (Triton).
+
+vLLM's unified-attention kernel turns every fp8 KV element into fp32, multiplies it by the
+tensor scale and rounds it to bf16 before its bf16 dot. On the H200 that chain doubles the
+kernel's instructions and it takes as long on fp8 KV as on bf16 for half the bytes
+(``benchmarks/results/launch_shapes.md``). This kernel keeps the scales out of the tile loop:
+
+* an e4m3 value is exactly an fp16 value (3 mantissa bits into 10; its exponent range, normals
+  and subnormals, lies inside fp16's normal range), so K and V tiles go to fp16 with the
+  hardware's packed conversion and feed an fp16 dot, unscaled;
+* the query block is brought to fp16 once per program, multiplied by a power of two ``c`` that
+  puts its largest magnitude in [2^14, 2^15): exact for every element above 2^-28 of the
+  largest (fp16 keeps bf16's 8 significant bits there), no overflow for any bf16 input;
+* ``k_scale / c`` joins the softmax scale on the fp32 scores, ``v_scale`` multiplies the
+  partial output once, and the probabilities enter the PV dot as fp16 (2^-11 relative,
+  where vLLM's bf16 probabilities carry 2^-8).
+
+So on fp8 KV its scores and outputs are closer to the dequantized float64 reference than the
+stock kernel's. Two-byte KV (the query's own dtype) runs the same loop with the query's dtype in
+both dots, as vLLM's kernel does.
+
+The launch is the policy's (``policy.TritonLaunch``): segments, BLOCK_M (``BLOCK_Q`` query
+tokens x the heads sharing a KV head), KV tile, warps, stages. The grid is (sequence x q-block,
+KV head, segment): q-blocks are counted per sequence from ``max_seqlen_q``, so no program searches
+for its sequence. Segment ``s`` of a sequence with ``T`` KV tiles covers tiles
+``[s * ceil(T / S), (s + 1) * ceil(T / S))``; each program stores its rows' running max (base 2),
+exp-sum and unnormalized output, and the reduce kernel rescales and sums the segments each row
+can see. Partials use the caller's scratch in vLLM's layout ``[tokens, q_heads, S, head_padded]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - Triton is part of every GPU install of vLLM
+    triton = None
+
+LOG2E = 1.4426950408889634
+
+
+def _kernels():
+    if triton is None:
+        raise RuntimeError("radiance split-KV attention needs Triton")
+    return _partial, _reduce
+
+
+if triton is not None:
+
+    @triton.jit
+    def _query_to_fp16(q):
+        """(q * c as fp16, 1 / c) with c a power of two putting max|q| in [2^14, 2^15)."""
+        qf = q.to(tl.float32)
+        amax = tl.max(tl.max(tl.abs(qf), axis=1), axis=0)
+        # floor(log2(amax)) from the exponent field; an all-zero block takes the largest c.
+        exp = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        biased = tl.minimum(tl.maximum(127 + 14 - exp, 1), 253)
+        c = (biased << 23).to(tl.float32, bitcast=True)
+        inv_c = ((254 - biased) << 23).to(tl.float32, bitcast=True)  # 2^(127 - biased) = 1 / c
+        return (qf * c).to(tl.float16), inv_c
+
+    @triton.jit
+    def _e4m3_to_fp16_in_registers(x):
+        """e4m3 -> fp16 where the tile was loaded (NVIDIA sm_89+), four values a 32-bit register.
+
+        Written as Triton's own ``x.to(tl.float16)``, the conversion is moved behind the
+        shared-memory load of the dot operand, and V (whose dot operand pairs keys, which are a
+        head apart in the cache) is then read from shared memory a byte at a time: 64 byte loads
+        and 64 shifts and ors a thread a 64-key tile. Kept opaque (``is_pure=False``), the
+        conversion stays on the loaded tile and the fp16 result reaches the dot through
+        ``ldmatrix.trans``: ~35% fewer instructions in the tile loop, at the cost of an fp16 copy
+        of the tile in shared memory.
+        """
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+
+    @triton.jit
+    def _partial(
+        q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, cu_q_ptr,
+        part_out_ptr, part_max_ptr, part_sum_ptr, k_scale_ptr, v_scale_ptr,
+        scale_log2,
+        q_stride_t, q_stride_h,
+        k_stride_b, k_stride_s, k_stride_h,
+        v_stride_b, v_stride_s, v_stride_h,
+        bt_stride, num_q_heads, q_blocks_per_seq, num_segments,
+        HEAD: tl.constexpr, HEAD_P: tl.constexpr, GROUP: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        FP8_KV: tl.constexpr, NUM_STAGES: tl.constexpr, V_IN_REGISTERS: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        seg = tl.program_id(2)
+        seq = pid // q_blocks_per_seq
+        q_block = pid - seq * q_blocks_per_seq
+        q_start = tl.load(cu_q_ptr + seq)
+        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+        if q_block * BLOCK_Q >= q_len:
+            return
+        seq_len = tl.load(seq_lens_ptr + seq)
+        context = seq_len - q_len
+        num_tiles = tl.cdiv(seq_len, TILE)
+        per_seg = tl.cdiv(num_tiles, num_segments)
+        lo = seg * per_seg
+        # The block's last row sees keys up to context + its position: tiles past it are skipped.
+        block_keys = context + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
+        hi = tl.minimum(tl.minimum(lo + per_seg, num_tiles), tl.cdiv(block_keys, TILE))
+        if lo >= hi:
+            return
+
+        rows = tl.arange(0, BLOCK_M)
+        pos = q_block * BLOCK_Q + rows // GROUP
+        head = kv_head * GROUP + rows % GROUP
+        row_ok = (pos < q_len) & (rows < BLOCK_Q * GROUP)
+        key_end = context + pos + 1  # causal: row sees keys [0, key_end)
+        d = tl.arange(0, HEAD_P)
+        d_ok = d < HEAD
+        q = tl.load(q_ptr + (q_start + pos)[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if FP8_KV:
+            q, inv_c = _query_to_fp16(q)
+            qk_scale = scale_log2 * tl.load(k_scale_ptr) * inv_c
+        else:
+            qk_scale = scale_log2
+
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_P], tl.float32)
+        table_row = block_table_ptr + seq * bt_stride
+        t_off = tl.arange(0, TILE)
+        for t in tl.range(lo, hi, num_stages=NUM_STAGES):
+            keys = t * TILE + t_off
+            key_ok = keys < seq_len
+            block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            slot = keys % BLOCK_SIZE
+            kv_mask = key_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + block[:, None] * k_stride_b + slot[:, None] * k_stride_s + kv_head * k_stride_h
+                        + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + block[:, None] * v_stride_b + slot[:, None] * v_stride_s + kv_head * v_stride_h
+                        + d[None, :], mask=kv_mask, other=0.0)
+            if FP8_KV:
+                k = k.to(tl.float16)  # K pairs head elements, adjacent in the cache: no byte gathers
+                v = _e4m3_to_fp16_in_registers(v) if V_IN_REGISTERS else v.to(tl.float16)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(keys[None, :] < key_end[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            # A row with no visible key yet keeps max -inf; exponentiate against 0 so it stays 0.
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - base[:, None])
+            alpha = tl.math.exp2(m - base)
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        if FP8_KV:
+            acc = acc * tl.load(v_scale_ptr)
+        unit = ((q_start + pos) * num_q_heads + head) * num_segments + seg
+        tl.store(part_out_ptr + unit[:, None] * HEAD_P + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_max_ptr + unit, m, mask=row_ok)
+        tl.store(part_sum_ptr + unit, l, mask=row_ok)
+
+    @triton.jit
+    def _reduce(
+        out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, cu_q_ptr,
+        out_stride_t, out_stride_h, num_q_heads, tile, max_q,
+        HEAD: tl.constexpr, HEAD_P: tl.constexpr, NUM_SEGMENTS: tl.constexpr, D_CHUNK: tl.constexpr,
+    ):
+        # One program a (token, head, D_CHUNK columns): every segment's slice is requested at once,
+        # so a row's reduce costs one memory round trip however many segments it has.
+        seq = tl.program_id(0) // max_q
+        j = tl.program_id(0) - seq * max_q
+        head = tl.program_id(1)
+        q_start = tl.load(cu_q_ptr + seq)
+        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+        if j >= q_len:
+            return
+        seq_len = tl.load(seq_lens_ptr + seq)
+        per_seg = tl.cdiv(tl.cdiv(seq_len, tile), NUM_SEGMENTS)
+        # Segments holding at least one key this row sees; each was stored by its q-block.
+        active = tl.cdiv(tl.cdiv(seq_len - q_len + j + 1, tile), per_seg)
+        unit0 = ((q_start + j) * num_q_heads + head) * NUM_SEGMENTS
+        segs = tl.arange(0, NUM_SEGMENTS)
+        ok = segs < active
+        maxes = tl.load(part_max_ptr + unit0 + segs, mask=ok, other=float("-inf"))
+        top = tl.max(maxes, axis=0)
+        weights = tl.where(ok, tl.math.exp2(maxes - top), 0.0)
+        total = tl.sum(weights * tl.load(part_sum_ptr + unit0 + segs, mask=ok, other=0.0), axis=0)
+        d = tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
+        part = tl.load(part_out_ptr + (unit0 + segs)[:, None] * HEAD_P + d[None, :], mask=ok[:, None], other=0.0)
+        out = tl.sum(part * weights[:, None], axis=0) / total
+        tl.store(out_ptr + (q_start + j) * out_stride_t + head * out_stride_h + d,
+                 out.to(out_ptr.dtype.element_ty), mask=d < HEAD)
+
+
+@functools.lru_cache(maxsize=None)
+def _ptx_fp8_conversion(device_index) -> bool:
+    """Whether the inline ``cvt.rn.f16x2.e4m3x2`` runs here: NVIDIA sm_89+, not the interpreter."""
+    import torch
+
+    return (torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (8, 9)
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+
+
+def check_inputs(q, k_cache, v_cache, out, k_scale, v_scale, launch, scratch_units: int) -> str | None:
+    """Why this kernel cannot take the call, or None when it can (checked before any launch)."""
+    import torch
+
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"query dtype {q.dtype}"
+    if k_cache.dtype != v_cache.dtype or k_cache.shape != v_cache.shape:
+        return "K and V caches differ in dtype or shape"
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if not fp8 and k_cache.dtype != q.dtype:
+        return f"KV dtype {k_cache.dtype} with query dtype {q.dtype}"
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1 or out.stride(2) != 1:
+        return "head dimension not contiguous"
+    if fp8:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            # vLLM passes the tensor scale expanded to [seqs, kv_heads]: every element one value.
+            if s is None or s.dtype != torch.float32 or (s.numel() != 1 and any(st != 0 for st in s.stride())):
+                return f"{name} is not one per-tensor float32 scale"
+    if launch.num_segments & (launch.num_segments - 1):
+        return f"{launch.num_segments} segments is not a power of two"
+    if launch.block_m < 16 or launch.tile_size < 16:
+        return "BLOCK_M and the KV tile must be at least 16 for the dots"
+    if launch.block_q * (q.shape[1] // k_cache.shape[2]) > launch.block_m:
+        return "BLOCK_Q x queries per KV head exceeds BLOCK_M"
+    if scratch_units < q.shape[0] * q.shape[1] * launch.num_segments:
+        return "segment scratch too small"
+    return None
+
+
+def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_seqlen_q: int,
+           softmax_scale: float, k_scale, v_scale, launch_cfg, part_out, part_max, part_sum,
+           v_in_registers: bool | None = None) -> None:
+    """Run one decode/verify batch; ``check_inputs`` must have passed for these arguments.
+
+    ``v_in_registers``: convert fp8 V tiles with the inline PTX conversion (see
+    ``_e4m3_to_fp16_in_registers``); None: wherever that PTX runs (CUDA sm_89+, not Triton's
+    interpreter).
+    """
+    import torch
+
+    if v_in_registers is None:
+        v_in_registers = q.is_cuda and _ptx_fp8_conversion(q.device.index)
+
+    partial, reduce = _kernels()
+    num_tokens, num_q_heads, head = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    head_p = 1 << (head - 1).bit_length()
+    num_seqs = seq_lens.shape[0]
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    q_blocks = -(-int(max_seqlen_q) // launch_cfg.block_q)
+    seg = launch_cfg.num_segments
+    extra = {}
+    if launch_cfg.num_warps is not None:
+        extra["num_warps"] = launch_cfg.num_warps
+    partial[(num_seqs * q_blocks, num_kv_heads, seg)](
+        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q,
+        part_out, part_max, part_sum,
+        k_scale if fp8 else q, v_scale if fp8 else q,
+        float(softmax_scale) * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0), num_q_heads, q_blocks, seg,
+        HEAD=head, HEAD_P=head_p, GROUP=group,
+        BLOCK_M=launch_cfg.block_m, BLOCK_Q=launch_cfg.block_q, TILE=launch_cfg.tile_size,
+        BLOCK_SIZE=k_cache.shape[1], FP8_KV=fp8,
+        NUM_STAGES=launch_cfg.num_stages or 2, V_IN_REGISTERS=bool(fp8 and v_in_registers), **extra,
+    )
+    d_chunk = max(16, min(head_p, 4096 // seg))  # <= 32 fp32 partials a thread at 4 warps
+    reduce[(num_seqs * int(max_seqlen_q), num_q_heads, head_p // d_chunk)](
+        out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q,
+        out.stride(0), out.stride(1), num_q_heads, launch_cfg.tile_size, int(max_seqlen_q),
+        HEAD=head, HEAD_P=head_p, NUM_SEGMENTS=seg, D_CHUNK=d_chunk, num_warps=4,
+    )

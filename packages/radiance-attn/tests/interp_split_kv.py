@@ -1,0 +1,60 @@
+"""Run under TRITON_INTERPRET=1 (by test_split_kv_kernel.py): radiance's split-KV kernel vs the
+reference on CPU tensors (fp16 queries: the interpreter's bf16 stores are not faithful). One JSON
+line per case."""
+
+import json
+
+import torch
+
+from radiance.attn import policy, reference, split_kv_kernel
+
+CASES = (
+    # name, q heads, kv heads, head, seqs, width, context lengths, kv dtype, segments, BLOCK_M, tile, q magnitude
+    ("decode", 8, 2, 64, 2, 1, [200, 77], "fp16", 8, 16, 32, 1.0),
+    ("verify", 8, 2, 64, 2, 4, [200, 163], "fp16", 4, 16, 16, 1.0),
+    ("fp8_wide", 8, 2, 64, 1, 8, [250], "fp8", 4, 32, 32, 1.0),
+    ("fp8_uneven", 8, 2, 64, 3, 3, [250, 40, 3], "fp8", 16, 16, 64, 1.0),
+    ("fp8_group3_head80", 6, 2, 80, 2, 5, [130, 61], "fp8", 8, 16, 32, 1.0),
+    ("fp8_large_q", 8, 2, 64, 2, 2, [180, 90], "fp8", 4, 16, 32, 1.0e4),
+    ("fp8_tiny_q", 8, 2, 64, 2, 2, [180, 90], "fp8", 4, 16, 32, 1.0e-6),
+)
+
+
+def run_case(name, H, KVH, D, seqs, width, ctxs, kv, seg, bm, tile, qmag):
+    torch.manual_seed(len(name) * 7 + seqs)
+    BS, nblk = 16, 64
+    kf, vf = torch.randn(nblk, BS, KVH, D), torch.randn(nblk, BS, KVH, D)
+    T = seqs * width
+    q = (torch.randn(T, H, D) * qmag).to(torch.float16)
+    if kv == "fp8":
+        k, v = (kf * 40).to(torch.float8_e4m3fn), (vf * 40).to(torch.float8_e4m3fn)
+        ks, vs = 0.011, 0.023
+        k_scale, v_scale = torch.tensor([ks]).expand(seqs, KVH), torch.tensor([vs]).expand(seqs, KVH)
+        sm_scale = D**-0.5 if qmag <= 1 else D**-0.5 / qmag  # keep the softmax informative at any q size
+    else:
+        k, v, ks, vs, k_scale, v_scale, sm_scale = kf.half(), vf.half(), 1.0, 1.0, None, None, D**-0.5
+    lens = torch.tensor(ctxs, dtype=torch.int32)
+    cu = torch.arange(0, T + 1, width, dtype=torch.int32)
+    bt = torch.randperm(nblk).to(torch.int32)[: seqs * 16].view(seqs, 16)
+    launch = policy.TritonLaunch(seg, bm, bm // (H // KVH), tile, 4, 2, "test", kernel="radiance")
+    units = T * H * seg
+    part = (torch.full((units * policy.next_pow2(D),), float("nan")), torch.full((units,), float("nan")),
+            torch.full((units,), float("nan")))
+    out = torch.full_like(q, float("nan"))
+    why = split_kv_kernel.check_inputs(q, k, v, out, k_scale, v_scale, launch, units)
+    assert why is None, why
+    split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part)
+    ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
+    err = (out.double() - ref).abs()
+    row_max = ref.abs().amax(-1).clamp_min(1e-30)
+    return {"name": name, "finite": bool(torch.isfinite(out).all()),
+            "row_ulps_fp16": (err.amax(-1) / (2.0**-10 * row_max)).max().item(), "ref_max": ref.abs().max().item()}
+
+
+def main():
+    for case in CASES:
+        print(json.dumps(run_case(*case)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""radiance's split-KV kernel on the GPU: bf16 queries, bf16 and fp8 KV, against float64."""
+
+import pytest
+import torch
+
+from radiance.attn import policy, reference, split_kv_kernel
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
+@pytest.mark.parametrize("width, block_m, tile, warps", [(1, 16, 64, 4), (4, 32, 64, 4), (9, 128, 64, 8), (9, 16, 32, 4)])
+@pytest.mark.parametrize("q_mag", [1.0, 1.0e6])
+@pytest.mark.parametrize("v_in_registers", [None, False])  # None: the inline-PTX V conversion on CUDA
+def test_matches_reference(kv, head, q_heads, kv_heads, width, block_m, tile, warps, q_mag, v_in_registers):
+    if kv != "fp8" and v_in_registers is False:
+        pytest.skip("two-byte KV has no conversion")
+    group = q_heads // kv_heads
+    if block_m > 16 and block_m < width * group:
+        pytest.skip("block narrower than a sequence's rows")
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(head + width + block_m)
+    seqs, bs, nblk = 3, 16, 1200
+    lens = torch.tensor([5000, 37, 2051], dtype=torch.int32, device=dev)
+    shape = (nblk, bs, kv_heads, head)
+    k = torch.randn(shape, generator=gen, device=dev)
+    v = torch.randn(shape, generator=gen, device=dev)
+    if kv == "fp8":
+        k, v, ks, vs = (k * 40).to(torch.float8_e4m3fn), (v * 40).to(torch.float8_e4m3fn), 0.013, 0.007
+        k_scale = torch.tensor([ks], device=dev).expand(seqs, kv_heads)
+        v_scale = torch.tensor([vs], device=dev).expand(seqs, kv_heads)
+    else:
+        k, v, ks, vs, k_scale, v_scale = k.bfloat16(), v.bfloat16(), 1.0, 1.0, None, None
+    T = seqs * width
+    q = (torch.randn(T, q_heads, head, generator=gen, device=dev) * q_mag).bfloat16()
+    sm_scale = head**-0.5 / q_mag
+    cu = torch.arange(0, T + 1, width, dtype=torch.int32, device=dev)
+    bt = torch.randperm(nblk, generator=gen, device=dev).to(torch.int32)[: seqs * 320].view(seqs, 320)
+    seg = 64
+    launch = policy.TritonLaunch(seg, block_m, max(1, block_m // group), tile, warps, 2, "t", kernel="radiance")
+    units = T * q_heads * seg
+    part = (torch.empty(units * head, device=dev), torch.empty(units, device=dev), torch.empty(units, device=dev))
+    out = torch.empty_like(q)
+    assert split_kv_kernel.check_inputs(q, k, v, out, k_scale, v_scale, launch, units) is None
+    split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part,
+                           v_in_registers=v_in_registers)
+    ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
+    err = (out.double() - ref).abs().amax(-1)
+    ulps = (err / (2.0**-7 * ref.abs().amax(-1))).max().item()
+    # bf16 output rounding is half an ulp; bf16 probabilities (bf16 KV) add up to about another
+    assert ulps <= 1.5, ulps

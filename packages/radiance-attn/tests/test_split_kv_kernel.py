@@ -1,0 +1,124 @@
+"""radiance's split-KV kernel: exact against the float64 reference, and its input checks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from radiance.attn import policy, split_kv_kernel
+
+
+def test_kernel_matches_float64_reference_in_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    script = Path(__file__).with_name("interp_split_kv.py")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = {c["name"]: c for c in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    assert len(cases) == 7, proc.stdout
+    for c in cases.values():
+        # fp16 output: rounding alone is half an ulp; the fp32 sums and fp16 probabilities add less
+        # than another, so every row is within 1 ulp of its own largest value.
+        assert c["finite"] and c["row_ulps_fp16"] <= 1.0, c
+
+
+def _args(kv=torch.float8_e4m3fn, seg=16, bm=16, tile=32, k_scale=None, scratch=None):
+    q = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(8, 16, 2, 64).to(kv)
+    scale = torch.tensor([0.5]).expand(2, 2) if k_scale is None else k_scale
+    launch = policy.TritonLaunch(seg, bm, bm // 4, tile, 4, 2, "t", kernel="radiance")
+    units = 4 * 8 * seg if scratch is None else scratch
+    return q, k, k.clone(), torch.empty_like(q), scale, scale, launch, units
+
+
+def test_check_inputs_accepts_vllm_call():
+    assert split_kv_kernel.check_inputs(*_args()) is None
+    assert split_kv_kernel.check_inputs(*_args(kv=torch.bfloat16)) is None
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(kv=torch.float16), "KV dtype"),
+    (dict(k_scale=torch.tensor([[0.5, 0.25], [0.5, 0.25]])), "per-tensor"),
+    (dict(seg=24), "power of two"),
+    (dict(bm=8), "at least 16"),
+    (dict(scratch=100), "scratch"),
+])
+def test_check_inputs_refuses(change, why):
+    assert why in split_kv_kernel.check_inputs(*_args(**change))
+
+
+def _call(**change):
+    q, k, v, out, ks, vs, launch, units = _args()
+    kw = dict(q=q, k=k, v=v, out=out, k_descale=ks, v_descale=vs, q_descale=None, softcap=0, sinks=None,
+              output_scale=None, kv_quant_mode=1, softmax_segm_output=torch.empty(units * 64),
+              softmax_segm_max=torch.empty(units), softmax_segm_expsum=torch.empty(units))
+    kw.update(change)
+    return kw, launch
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(sinks=torch.zeros(8)), "sinks"),
+    (dict(output_scale=torch.ones(1)), "fp8 output"),
+    (dict(q_descale=torch.ones(1)), "fp8 query"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(kv_quant_mode=0), "kv_quant_mode 0"),
+    (dict(softmax_segm_max=torch.empty(10)), "scratch"),
+])
+def test_wrapper_sends_what_the_kernel_cannot_take_to_vllms_kernel(change, why):
+    from radiance.attn.triton_launch import radiance_kernel_refusal
+
+    kw, launch = _call()
+    assert radiance_kernel_refusal(kw, launch) is None
+    kw, launch = _call(**change)
+    assert why in radiance_kernel_refusal(kw, launch)
+
+
+def _compile(target, fp8: bool, v_in_registers: bool, head=128, group=4, block_m=16, tile=64, warps=4):
+    """Build the main kernel for ``target`` as the runtime would (16-byte divisible pointers and
+    strides), without a GPU."""
+    triton = pytest.importorskip("triton")
+    from triton.compiler import ASTSource
+
+    kernel = split_kv_kernel._partial
+    kv = "fp8e4nv" if fp8 else "bf16"
+    ptrs = {"q_ptr": "*bf16", "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "block_table_ptr": "*i32",
+            "seq_lens_ptr": "*i32", "cu_q_ptr": "*i32", "part_out_ptr": "*fp32", "part_max_ptr": "*fp32",
+            "part_sum_ptr": "*fp32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
+    constexprs = dict(HEAD=head, HEAD_P=head, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_m // group, TILE=tile,
+                      BLOCK_SIZE=16, FP8_KV=fp8, NUM_STAGES=2, V_IN_REGISTERS=v_in_registers)
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ptrs:
+            signature[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i64" if "stride" in name else "i32"
+            if "stride" in name:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=target, options={"num_warps": warps})
+
+
+@pytest.mark.slow
+def test_fp8_v_reaches_the_dot_without_byte_gathers_on_sm90():
+    from triton.backends.compiler import GPUTarget
+
+    ptx = _compile(GPUTarget("cuda", 90, 32), fp8=True, v_in_registers=True).asm["ptx"]
+    # the V tile is converted where it is loaded and its fp16 operand read 8x8 blocks at a time
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "ld.shared.b8" not in ptx and "ld.shared.v2.b8" not in ptx
+
+
+@pytest.mark.slow
+def test_builds_for_rocm_with_tritons_conversion():
+    from triton.backends.compiler import GPUTarget
+
+    for fp8 in (False, True):
+        assert "amdgcn" in _compile(GPUTarget("hip", "gfx1201", 32), fp8=fp8, v_in_registers=False, tile=32).asm
