@@ -122,7 +122,9 @@ def row_ulps(out, ref) -> float:
 def main(argv=None) -> int:
     ap = tune.probe_parser(__doc__, 300.0)
     ap.add_argument("--v-ab", action="store_true", help="only the fp8 V conversion A/B")
+    ap.add_argument("--classes", help="comma list of class names (default: all)")
     args = ap.parse_args(argv)
+    classes = [c for c in tune.CLASSES if not args.classes or c.name in args.classes.split(",")]
     import torch
 
     t0 = time.time()
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     arch, sms = detect_arch(dev), torch.cuda.get_device_properties(dev).multi_processor_count
     work = {}
-    for k in tune.CLASSES:
+    for k in classes:
         for ctx, _, width in POINTS:
             for bm in block_ms(k, width):
                 for c in launches(k, bm, 1024):
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
 
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
     results = []
-    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, tune.CLASSES, POINTS, dev,
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, POINTS, dev,
                                                                   t0 + args.budget_s):
         shipped_us, shipped_launch = tune.time_wrapper(shipped, b, sets)
         rs = [b.radiance_kwargs(kw) for kw in sets]
