@@ -26,8 +26,8 @@ try:
 except ImportError:  # a GPU machine with the checkout but without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from radiance.attn import tune
-from radiance.attn import kernel_source, policy
-from radiance.attn.triton_launch import RadianceUnifiedAttention, detect_arch
+from radiance.attn import policy
+from radiance.attn.triton_launch import RadianceUnifiedAttention
 
 POINTS = ((32768, 1, 1), (32768, 1, 9), (32768, 4, 4), (131072, 8, 1), (131072, 8, 9))
 SEGMENTS = (64, 128, 256, 512)
@@ -65,7 +65,6 @@ def main(argv=None) -> int:
     ap = tune.probe_parser(__doc__, 400.0)
     ap.add_argument("--quick", action="store_true", help="one class, one point, 128 segments, 2 stages")
     args = ap.parse_args(argv)
-    import torch
 
     classes, points, axes = tune.CLASSES, POINTS, {}
     if args.quick:
@@ -74,9 +73,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    module = kernel_source.load(args.kernel_src)
-    dev = torch.device("cuda")
-    arch, sms = detect_arch(dev), torch.cuda.get_device_properties(dev).multi_processor_count
+    module, dev, arch, sms = tune.probe_device(args.kernel_src)
     work = {}
     for k in classes:
         for _, _, width in points:

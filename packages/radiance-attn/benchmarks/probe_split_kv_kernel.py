@@ -30,8 +30,8 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from radiance.attn import tune
-from radiance.attn import kernel_source, policy, reference, split_kv_kernel
-from radiance.attn.triton_launch import RadianceUnifiedAttention, detect_arch
+from radiance.attn import policy, reference, split_kv_kernel
+from radiance.attn.triton_launch import RadianceUnifiedAttention
 
 POINTS = tuple(itertools.product((4096, 32768, 131072), (1, 8), (1, 4, 9)))
 SEGMENTS = (16, 32, 64, 128)
@@ -134,9 +134,7 @@ def main(argv=None) -> int:
         v_ab(out)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
-    module = kernel_source.load(args.kernel_src)
-    dev = torch.device("cuda")
-    arch, sms = detect_arch(dev), torch.cuda.get_device_properties(dev).multi_processor_count
+    module, dev, arch, sms = tune.probe_device(args.kernel_src)
     work = {}
     for k in classes:
         for ctx, _, width in POINTS:

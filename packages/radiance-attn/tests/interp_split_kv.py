@@ -41,8 +41,8 @@ def run_case(name, H, KVH, D, seqs, width, ctxs, kv, seg, bm, tile, qmag):
     part = (torch.full((units * policy.next_pow2(D),), float("nan")), torch.full((units,), float("nan")),
             torch.full((units,), float("nan")))
     out = torch.full_like(q, float("nan"))
-    why = split_kv_kernel.check_inputs(q, k, v, out, k_scale, v_scale, launch, units)
-    assert why is None, why
+    assert split_kv_kernel.launch_refusal(launch, "fp16", kv, H // KVH) is None
+    assert split_kv_kernel.call_refusal(q, k, v, out, k_scale, v_scale) is None
     split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part)
     ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
     err = (out.double() - ref).abs()

@@ -42,7 +42,8 @@ def test_matches_reference(kv, head, q_heads, kv_heads, width, block_m, tile, wa
     units = T * q_heads * seg
     part = (torch.empty(units * head, device=dev), torch.empty(units, device=dev), torch.empty(units, device=dev))
     out = torch.empty_like(q)
-    assert split_kv_kernel.check_inputs(q, k, v, out, k_scale, v_scale, launch, units) is None
+    assert split_kv_kernel.launch_refusal(launch, "bf16", kv, group) is None
+    assert split_kv_kernel.call_refusal(q, k, v, out, k_scale, v_scale) is None
     split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part,
                            v_in_registers=v_in_registers)
     ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)

@@ -26,38 +26,60 @@ def test_kernel_matches_float64_reference_in_interpreter():
         assert c["finite"] and c["row_ulps_fp16"] <= 1.0, c
 
 
-def _args(kv=torch.float8_e4m3fn, seg=16, bm=16, tile=32, k_scale=None, scratch=None):
+def _tensors(kv=torch.float8_e4m3fn, k_scale=None):
     q = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
     k = torch.zeros(8, 16, 2, 64).to(kv)
-    scale = torch.tensor([0.5]).expand(2, 2) if k_scale is None else k_scale
-    launch = policy.TritonLaunch(seg, bm, bm // 4, tile, 4, 2, "t", kernel="radiance")
-    units = 4 * 8 * seg if scratch is None else scratch
-    return q, k, k.clone(), torch.empty_like(q), scale, scale, launch, units
+    scale = torch.tensor([0.5]).expand(2, 2) if k_scale is None else k_scale  # as vLLM passes it
+    return q, k, k.clone(), torch.empty_like(q), scale, scale
 
 
-def test_check_inputs_accepts_vllm_call():
-    assert split_kv_kernel.check_inputs(*_args()) is None
-    assert split_kv_kernel.check_inputs(*_args(kv=torch.bfloat16)) is None
+def _launch(seg=16, bm=16, tile=32, group=4):
+    return policy.TritonLaunch(seg, bm, max(1, bm // group), tile, 4, 2, "t", kernel="radiance")
+
+
+def test_refusals_accept_a_vllm_call():
+    assert split_kv_kernel.launch_refusal(_launch(), "bf16", "fp8", 4) is None
+    assert split_kv_kernel.launch_refusal(_launch(), "bf16", "bf16", 4) is None
+    assert split_kv_kernel.call_refusal(*_tensors()) is None
+    assert split_kv_kernel.call_refusal(*_tensors(kv=torch.bfloat16)) is None
+
+
+@pytest.mark.parametrize("launch, dtypes, why", [
+    (_launch(seg=24), ("bf16", "fp8"), "power of two"),
+    (_launch(bm=8), ("bf16", "fp8"), "at least 16"),
+    (policy.TritonLaunch(16, 16, 8, 32, 4, 2, "t", kernel="radiance"), ("bf16", "fp8"), "exceeds BLOCK_M"),
+    (_launch(), ("fp32", "fp32"), "fp32 queries"),
+    (_launch(), ("bf16", "fp16"), "fp16 KV with bf16 queries"),
+])
+def test_launch_refusal(launch, dtypes, why):
+    assert why in split_kv_kernel.launch_refusal(launch, *dtypes, 4)
 
 
 @pytest.mark.parametrize("change, why", [
     (dict(kv=torch.float16), "KV dtype"),
     (dict(k_scale=torch.tensor([[0.5, 0.25], [0.5, 0.25]])), "per-tensor"),
-    (dict(seg=24), "power of two"),
-    (dict(bm=8), "at least 16"),
-    (dict(scratch=100), "scratch"),
 ])
-def test_check_inputs_refuses(change, why):
-    assert why in split_kv_kernel.check_inputs(*_args(**change))
+def test_call_refusal(change, why):
+    assert why in split_kv_kernel.call_refusal(*_tensors(**change))
+
+
+def test_short_scratch_raises_before_any_launch():
+    pytest.importorskip("triton")
+    q, k, v, out, ks, vs = _tensors()
+    cu, lens = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([100], dtype=torch.int32)
+    bt = torch.zeros(1, 8, dtype=torch.int32)
+    units = 4 * 8 * 16
+    with pytest.raises(ValueError, match="scratch"):  # one row short
+        split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, _launch(),
+                               torch.empty(units * 64), torch.empty(units - 1), torch.empty(units))
 
 
 def _call(**change):
-    q, k, v, out, ks, vs, launch, units = _args()
+    q, k, v, out, ks, vs = _tensors()
     kw = dict(q=q, k=k, v=v, out=out, k_descale=ks, v_descale=vs, q_descale=None, softcap=0, sinks=None,
-              output_scale=None, kv_quant_mode=1, softmax_segm_output=torch.empty(units * 64),
-              softmax_segm_max=torch.empty(units), softmax_segm_expsum=torch.empty(units))
+              output_scale=None, kv_quant_mode=1)
     kw.update(change)
-    return kw, launch
+    return kw
 
 
 @pytest.mark.parametrize("change, why", [
@@ -66,15 +88,35 @@ def _call(**change):
     (dict(q_descale=torch.ones(1)), "fp8 query"),
     (dict(softcap=30.0), "softcap"),
     (dict(kv_quant_mode=0), "kv_quant_mode 0"),
-    (dict(softmax_segm_max=torch.empty(10)), "scratch"),
+    (dict(k_descale=torch.tensor([[0.5, 0.25], [0.5, 0.25]])), "per-tensor"),
 ])
 def test_wrapper_sends_what_the_kernel_cannot_take_to_vllms_kernel(change, why):
     from radiance.attn.triton_launch import radiance_kernel_refusal
 
-    kw, launch = _call()
-    assert radiance_kernel_refusal(kw, launch) is None
-    kw, launch = _call(**change)
-    assert why in radiance_kernel_refusal(kw, launch)
+    assert radiance_kernel_refusal(_call()) is None
+    assert why in radiance_kernel_refusal(_call(**change))
+
+
+def test_decision_keeps_a_geometry_the_kernel_cannot_run_on_vllms_kernel(kernel_module):
+    """Settled once per geometry: fp16 queries over bf16 KV are not radiance's kernel's."""
+    from radiance.attn import tune
+    from radiance.attn.triton_launch import RadianceUnifiedAttention
+
+    rule = tune._rule(16, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w4s2")
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    r = RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132, table=table)
+    kw = dict(_call(kv_quant_mode=0), k=torch.zeros(64, 16, 2, 64, dtype=torch.bfloat16),
+              v=torch.zeros(64, 16, 2, 64, dtype=torch.bfloat16), cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
+              max_seqlen_q=1, seqused_k=torch.tensor([900], dtype=torch.int32), max_seqlen_k=900,
+              softmax_scale=0.125, causal=True, window_size=(-1, -1), block_table=torch.zeros(1, 64, dtype=torch.int32),
+              softmax_segm_output=torch.empty(8 * 256 * 64), softmax_segm_max=torch.empty(8 * 256),
+              softmax_segm_expsum=torch.empty(8 * 256))
+    kw["q"] = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
+    _, launch, _ = r.decide(kw)
+    assert launch.kernel == "radiance" and launch.num_segments > 1  # the table's choice, taken
+    kw["q"] = torch.zeros(1, 8, 64, dtype=torch.float16)
+    _, launch, reason = r.decide(kw)
+    assert launch.kernel == "vllm" and launch.num_segments > 1 and "bf16 KV with fp16 queries" in reason
 
 
 def _compile(target, fp8: bool, v_in_registers: bool, head=128, group=4, block_m=16, tile=64, warps=4):

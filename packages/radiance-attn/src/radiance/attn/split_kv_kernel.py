@@ -203,12 +203,27 @@ def _ptx_fp8_conversion(device_index) -> bool:
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 
 
-def check_inputs(q, k_cache, v_cache, out, k_scale, v_scale, launch, scratch_units: int) -> str | None:
-    """Why this kernel cannot take the call, or None when it can (checked before any launch)."""
+def launch_refusal(launch, q_dtype: str, kv_dtype: str, q_per_kv: int) -> str | None:
+    """Why this kernel cannot run ``launch`` for a geometry of these dtypes ("bf16", "fp16",
+    "fp8") and GQA ratio, or None. A property of the geometry: checked once per decision."""
+    if q_dtype not in ("bf16", "fp16"):
+        return f"{q_dtype} queries"
+    if kv_dtype not in ("fp8", q_dtype):
+        return f"{kv_dtype} KV with {q_dtype} queries"
+    if launch.num_segments & (launch.num_segments - 1):
+        return f"{launch.num_segments} segments is not a power of two"
+    if launch.block_m < 16 or launch.tile_size < 16:
+        return "BLOCK_M and the KV tile must be at least 16 for the dots"
+    if launch.block_q * q_per_kv > launch.block_m:
+        return "BLOCK_Q x queries per KV head exceeds BLOCK_M"
+    return None
+
+
+def call_refusal(q, k_cache, v_cache, out, k_scale, v_scale) -> str | None:
+    """Why this kernel cannot take these tensors, or None: what a geometry does not say (the
+    exact fp8 format, layouts, the scales). Checked per call, before any launch."""
     import torch
 
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"query dtype {q.dtype}"
     if k_cache.dtype != v_cache.dtype or k_cache.shape != v_cache.shape:
         return "K and V caches differ in dtype or shape"
     fp8 = k_cache.dtype == torch.float8_e4m3fn
@@ -221,21 +236,14 @@ def check_inputs(q, k_cache, v_cache, out, k_scale, v_scale, launch, scratch_uni
             # vLLM passes the tensor scale expanded to [seqs, kv_heads]: every element one value.
             if s is None or s.dtype != torch.float32 or (s.numel() != 1 and any(st != 0 for st in s.stride())):
                 return f"{name} is not one per-tensor float32 scale"
-    if launch.num_segments & (launch.num_segments - 1):
-        return f"{launch.num_segments} segments is not a power of two"
-    if launch.block_m < 16 or launch.tile_size < 16:
-        return "BLOCK_M and the KV tile must be at least 16 for the dots"
-    if launch.block_q * (q.shape[1] // k_cache.shape[2]) > launch.block_m:
-        return "BLOCK_Q x queries per KV head exceeds BLOCK_M"
-    if scratch_units < q.shape[0] * q.shape[1] * launch.num_segments:
-        return "segment scratch too small"
     return None
 
 
 def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_seqlen_q: int,
            softmax_scale: float, k_scale, v_scale, launch_cfg, part_out, part_max, part_sum,
            v_in_registers: bool | None = None) -> None:
-    """Run one decode/verify batch; ``check_inputs`` must have passed for these arguments.
+    """Run one decode/verify batch; ``launch_refusal`` and ``call_refusal`` must have passed.
+    Raises ValueError, before any launch, when the segment scratch is too small for the launch.
 
     ``v_in_registers``: convert fp8 V tiles with the inline PTX conversion (see
     ``_e4m3_to_fp16_in_registers``); None: wherever that PTX runs (CUDA sm_89+, not Triton's
@@ -248,9 +256,12 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
 
     partial, reduce = _kernels()
     num_tokens, num_q_heads, head = q.shape
+    units = num_tokens * num_q_heads * launch_cfg.num_segments
+    head_p = 1 << (head - 1).bit_length()
+    if part_out.numel() < units * head_p or part_max.numel() < units or part_sum.numel() < units:
+        raise ValueError(f"split-KV scratch holds fewer than {units} partial rows of {head_p}")
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    head_p = 1 << (head - 1).bit_length()
     num_seqs = seq_lens.shape[0]
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     q_blocks = -(-int(max_seqlen_q) // launch_cfg.block_q)

@@ -205,6 +205,11 @@ class RadianceUnifiedAttention:
         else:
             table = self._table if self._table is not None else tables.for_arch(arch)
             launch = policy.triton_launch(geo, table)
+            why = None
+            if launch is not None and launch.kernel == "radiance":
+                why = split_kv_kernel.launch_refusal(launch, geo.q_dtype, geo.kv_dtype, geo.q_per_kv)
+            if why is not None:  # the same launch shape on vLLM's kernel
+                launch = replace(launch, kernel="vllm", reason=f"{launch.reason}; vLLM's kernel: {why}")
             if len(self._launches) >= _MAX_CACHED_DECISIONS:
                 self._launches.clear()  # contexts grow every step: keep the map bounded
             self._launches[geo] = launch
@@ -226,7 +231,7 @@ class RadianceUnifiedAttention:
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             geo, launch, reason = None, None, f"stock: unexpected input ({type(exc).__name__}: {exc})"
         if launch is not None and launch.kernel == "radiance":
-            why = radiance_kernel_refusal(kwargs, launch)
+            why = radiance_kernel_refusal(kwargs)
             if why is not None:  # same launch shape on vLLM's kernel, which takes every such call
                 launch = replace(launch, kernel="vllm")
                 reason = f"{reason}; vLLM's kernel: {why}"
@@ -381,10 +386,10 @@ class RadianceUnifiedAttention:
             )
 
 
-def radiance_kernel_refusal(kw: dict, launch: policy.TritonLaunch) -> str | None:
+def radiance_kernel_refusal(kw: dict) -> str | None:
     """Why radiance's split-KV kernel cannot take this call (vLLM's kernel then runs the same
-    launch shape), or None. Checked per call: these are properties of the tensors and options,
-    not of the geometry the policy decided on."""
+    launch shape), or None. Per call: the options and tensors; what depends on the geometry
+    alone (dtypes, block sizes, scratch) was settled with the decision."""
     import torch
 
     for name, what in (("output_scale", "fp8 output"), ("sinks", "attention sinks"), ("q_descale", "fp8 query")):
@@ -395,11 +400,7 @@ def radiance_kernel_refusal(kw: dict, launch: policy.TritonLaunch) -> str | None
     fp8_kv = kw["k"].dtype == torch.float8_e4m3fn
     if int(kw.get("kv_quant_mode", 0)) != (1 if fp8_kv else 0):
         return f"kv_quant_mode {int(kw.get('kv_quant_mode', 0))} with {kw['k'].dtype} KV"
-    head_padded = policy.next_pow2(kw["q"].shape[2])
-    segm = (kw["softmax_segm_output"], kw["softmax_segm_max"], kw["softmax_segm_expsum"])
-    units = min(segm[0].numel() // head_padded, segm[1].numel(), segm[2].numel())
-    return split_kv_kernel.check_inputs(kw["q"], kw["k"], kw["v"], kw["out"], kw["k_descale"], kw["v_descale"],
-                                        launch, units)
+    return split_kv_kernel.call_refusal(kw["q"], kw["k"], kw["v"], kw["out"], kw["k_descale"], kw["v_descale"])
 
 
 def _usable_scratch(t, device) -> bool:

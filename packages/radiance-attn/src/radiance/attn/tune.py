@@ -261,6 +261,14 @@ def probe_parser(doc: str, budget_s: float) -> argparse.ArgumentParser:
     return ap
 
 
+def probe_device(kernel_src):
+    """What a probe in benchmarks/ runs on: vLLM's staged kernel module, the GPU, its arch, SMs."""
+    torch = _torch()
+    device = torch.device("cuda")
+    return (kernel_source.load(kernel_src), device, detect_arch(device),
+            torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def probe_points(module, classes, points, device, deadline: float, **bench_kw):
     """The probes' walk: per class one Bench, per (ctx, seqs, width) point its argument sets and
     stock's time; stops at ``deadline`` (time.time()). Yields (klass, bench, point, sets, stock_us)."""
