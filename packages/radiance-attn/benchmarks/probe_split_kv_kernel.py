@@ -14,6 +14,13 @@ Writes ``split_kv_probe.json``.
 ``--v-ab``: fp8 KV only, the stock block at 32K/128K x 1/8 sequences x width 1/4: each launch
 timed with fp8 V converted where it is loaded (``_e4m3_to_fp16_in_registers``) and with Triton's
 own conversion at the dot operand, alternating, to ``split_kv_v_ab.json``.
+
+``--around``: at 32K/128K x 1/8 sequences x width 1/4/9, the shipped table's launch shape moved
+to radiance's kernel and timed beside its neighbours, each at the table's segment count halved,
+as is and doubled: software-pipeline stages 2-6 at the shipped tile and warps, and KV tile
+{32, 64, 128} x warps {1, 2, 4, 8} at the shipped stages (one warp only for blocks of <= 32 rows and
+tiles of <= 64 keys); two alternations, the faster of each.
+Writes ``split_kv_around.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import itertools
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 try:
@@ -30,7 +37,7 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from radiance.attn import tune
-from radiance.attn import policy, reference, split_kv_kernel
+from radiance.attn import policy, reference, split_kv_kernel, tables
 from radiance.attn.triton_launch import RadianceUnifiedAttention
 
 POINTS = tuple(itertools.product((4096, 32768, 131072), (1, 8), (1, 4, 9)))
@@ -62,6 +69,73 @@ def run(b: tune.Bench, kw: dict, c: policy.TritonLaunch, v_in_registers=None) ->
     split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
                            kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
                            kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum, v_in_registers=v_in_registers)
+
+
+AROUND_POINTS = tuple(itertools.product((32768, 131072), (1, 8), (1, 4, 9)))
+
+
+def table_launch(k: tune.Klass, ctx: int, seqs: int, width: int, sms: int) -> policy.TritonLaunch | None:
+    """The shipped table's launch shape at a point, on radiance's kernel (None: it cannot run it)."""
+    geo = policy.Geometry(arch="sm_90", head_size=k.head_size, num_query_heads=k.num_query_heads,
+                          num_kv_heads=k.num_kv_heads, num_tokens=seqs * width, num_seqs=seqs,
+                          max_seqlen_q=width, max_seqlen_k=ctx, q_dtype="bf16", kv_dtype=k.kv_dtype,
+                          num_sms=sms)
+    c = policy.triton_launch(geo, tables.for_arch("sm_90"))
+    if c is None or not c.is_3d:
+        return None
+    c = replace(c, kernel="radiance", num_stages=c.num_stages or 2, num_warps=c.num_warps or 4)
+    return None if split_kv_kernel.launch_refusal(c, "bf16", k.kv_dtype, geo.q_per_kv) else c
+
+
+def around(c: policy.TritonLaunch) -> dict[str, policy.TritonLaunch]:
+    """The shipped launch ("shipped") and its neighbours, named st{stages}_t{tile}_w{warps}_s{segments}."""
+    segs = sorted({min(256, max(4, s)) for s in (c.num_segments // 2, c.num_segments, c.num_segments * 2)})
+    shapes = {(st, c.tile_size, c.num_warps) for st in (2, 3, 4, 5, 6)}
+    # one warp only for blocks of <= 32 rows and tiles of <= 64 keys (a register file's worth)
+    shapes |= {(c.num_stages, t, w) for t in (32, 64, 128) for w in (1, 2, 4, 8)
+               if w > 1 or (c.block_m <= 32 and t <= 64)}
+    out = {"shipped": c}
+    for (st, t, w), seg in itertools.product(sorted(shapes), segs):
+        out[f"st{st}_t{t}_w{w}_s{seg}"] = replace(c, num_stages=st, tile_size=t, num_warps=w, num_segments=seg)
+    return out
+
+
+def around_probe(args, classes, out: Path, t0: float) -> None:
+    """The shipped launch against its neighbours (see the module docstring)."""
+    module, dev, arch, sms = tune.probe_device(args.kernel_src)
+    work = {}
+    for k in classes:
+        for ctx, seqs, width in AROUND_POINTS:
+            c = table_launch(k, ctx, seqs, width, sms)
+            for v in (around(c).values() if c else ()):
+                entry = work.setdefault((k.name, shape(v)), [asdict(k), dict(zip(SHAPE_FIELDS, shape(v)),
+                                                                              num_segments=16, kernel="radiance"), set()])
+                entry[2].add(width)
+    failed = tune.build_in_workers(_compile, {kk: (a, f, sorted(w)) for kk, (a, f, w) in work.items()}, args.jobs)
+    print(f"{len(work)} configs compiled in {time.time() - t0:.0f}s, {len(failed)} failed", flush=True)
+    rows = []
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
+                                                                  t0 + args.budget_s):
+        c = table_launch(k, ctx, seqs, width, sms)
+        if c is None:
+            continue
+        rs = [b.radiance_kwargs(kw) for kw in sets]
+        times = {}
+        for _ in range(2):
+            for name, v in around(c).items():
+                if (k.name, shape(v)) not in failed:
+                    t = tune.time_graph([lambda kw=kw, v=v: run(b, kw, v) for kw in rs])
+                    times[name] = min(times.get(name, t), t)
+        best = min(times, key=times.get)
+        floor = b.floor_us(ctx, seqs)
+        rows.append({"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor,
+                     "stock_us": stock, "shipped": f"{c.describe()} stages={c.num_stages}",
+                     "shipped_us": times["shipped"], "best": best, "best_us": times[best], "times": times})
+        print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} shipped {times['shipped']:.1f} "
+              f"({times['shipped'] / floor:.2f}x) best {times[best]:.1f} ({times[best] / floor:.2f}x, {best})",
+              flush=True)
+        (out / "split_kv_around.json").write_text(json.dumps({"failed": {str(kk): v for kk, v in failed.items()},
+                                                              "results": rows}, indent=1))
 
 
 def v_ab(out: Path) -> None:
@@ -122,6 +196,7 @@ def row_ulps(out, ref) -> float:
 def main(argv=None) -> int:
     ap = tune.probe_parser(__doc__, 300.0)
     ap.add_argument("--v-ab", action="store_true", help="only the fp8 V conversion A/B")
+    ap.add_argument("--around", action="store_true", help="only the shipped launch against its neighbours")
     ap.add_argument("--classes", help="comma list of class names (default: all)")
     args = ap.parse_args(argv)
     classes = [c for c in tune.CLASSES if not args.classes or c.name in args.classes.split(",")]
@@ -132,6 +207,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.v_ab:
         v_ab(out)
+        print(f"done in {time.time() - t0:.0f}s")
+        return 0
+    if args.around:
+        around_probe(args, classes, out, t0)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
     module, dev, arch, sms = tune.probe_device(args.kernel_src)

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 @pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
-@pytest.mark.parametrize("width, block_m, tile, warps", [(1, 16, 64, 4), (4, 32, 64, 4), (9, 128, 64, 8), (9, 16, 32, 4)])
+@pytest.mark.parametrize("width, block_m, tile, warps", [(1, 16, 64, 4), (4, 32, 64, 4), (9, 128, 64, 8), (9, 16, 32, 4),
+                                                         (1, 16, 32, 1), (4, 32, 32, 2), (9, 64, 128, 4)])
 @pytest.mark.parametrize("q_mag", [1.0, 1.0e6])
 @pytest.mark.parametrize("v_in_registers", [None, False])  # None: the inline-PTX V conversion on CUDA
 def test_matches_reference(kv, head, q_heads, kv_heads, width, block_m, tile, warps, q_mag, v_in_registers):

@@ -60,11 +60,36 @@ def test_candidates_cover_each_shape_and_skip_empty_segments():
     keys = {tune._key(c) for c in cands}
     assert len(keys) == len(cands)
     shapes = {(c.tile_size, c.num_warps, c.num_stages, c.kernel) for c in cands if c.block_m == 16 and c.num_segments > 1}
-    assert shapes == {(64, 4, 2, "vllm"), (64, 8, 2, "vllm"), (64, 4, 2, "radiance"), (64, 8, 2, "radiance"),
-                      (32, 4, 2, "radiance")}
+    assert shapes == {(s["tile"], s["warps"], s["stages"], s.get("kernel", "vllm")) for s in tune.BASE_SHAPES.values()}
+    assert (32, 1, 2, "radiance") in shapes and (64, 4, 2, "vllm") in shapes
     assert {(c.tile_size, c.num_warps, c.num_stages, c.kernel) for c in cands if c.block_m == 128} == {
         (32, 8, None, "vllm"), (64, 8, 2, "vllm"), (64, 8, 2, "radiance"), (64, 8, 3, "radiance")}
     assert not any(c.kernel == "radiance" and c.num_segments == 1 for c in cands)  # split-KV only
     # 4096 tokens are 64 tiles of 64: no 128-segment split with that tile; 128 tiles of 32: up to 128
     assert all(c.num_segments <= 64 for c in cands if c.tile_size == 64)
     assert max(c.num_segments for c in cands if c.tile_size == 32 and c.kernel == "radiance") == 128
+
+
+def test_fit_finds_a_shape_that_wins_only_at_its_own_split_count():
+    """A shape fastest only at a split count far from the starting rule's is found (the base shape
+    and the split constants are searched together), not lost to a shape indifferent to the split."""
+    fast = tune._rule(4.0, 0.5, 4, 0, 1.01, 8, 9, "rk_t32w1s2")
+    start = tune._rule(16.0, 1 / 3, 4, 0, 1.01, 8, 9, "rk_t32w1s2")
+    points = []
+    for p in _points():
+        geo = tune._geo(p, "sm_90")
+        own = policy.triton_launch(geo, {"arch": "sm_90", "triton": {"default": fast, "classes": []}})
+        other = policy.triton_launch(geo, {"arch": "sm_90", "triton": {"default": start, "classes": []}})
+        cands = {}
+        for c in tune.candidate_launches(KLASS, p["ctx"], p["seqs"], p["width"]):
+            if (c.tile_size, c.num_warps, c.kernel) == (32, 1, "radiance") and c.block_m == own.block_m:
+                t = 8.0 * (1 + 0.6 * abs(math.log2(c.num_segments / own.num_segments)))
+            else:  # every other shape: 10 us at any split count
+                t = 10.0 * (1 + 0.01 * abs(math.log2(c.num_segments / other.num_segments)))
+            cands[tune._key(c)] = t
+        key = min(cands, key=cands.get)
+        points.append(dict(p, candidates=cands, best=key, best_us=cands[key]))
+    rule, score = tune.fit(points, "sm_90", 8, 9)
+    assert (rule["tile_3d"], rule["warps_3d"], rule["kernel_3d"]) == (32, 1, "radiance")
+    assert (rule["split"]["coef"], rule["split"]["exp"]) == (4.0, 0.5)
+    assert score["mean_regret_pct"] < 1.0, score

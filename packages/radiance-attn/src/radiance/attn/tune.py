@@ -53,20 +53,26 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # won; 128-row blocks need 8 warps (4 ran 2.5-3x slower); the table fitted from the full sweep
 # chose no other shape. benchmarks/probe_split_kv_kernel.py timed radiance's kernel over tile
 # {32, 64} x warps {4, 8} x stages {2, 3} at 72 points (results/split_kv_kernel.md); the shapes
-# below ("rk_") are the ones that won there. The fit picks shape and kernel per class.
+# below ("rk_") are the ones that won there, with those its --around probe found faster than the
+# shipped launch (fewer warps on 32-key tiles at fp8 KV, 128-key tiles for 64-row blocks; stages
+# 3-6 won at a few single-sequence points only). The fit picks shape and kernel per class.
 BASE_SHAPES = {
     "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
     "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
     "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
     "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
     "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
+    "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"},
+    "rk_t32w1s2": {"tile": 32, "warps": 1, "stages": 2, "kernel": "radiance"},
 }
 WIDE_SHAPES = {
     32: {"t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
-         "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"}},
+         "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
+         "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"}},
     64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
-         "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"}},
+         "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
+         "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"}},
     128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
           "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
           "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"}},
@@ -352,7 +358,10 @@ _SWEPT = ("class", "head_size", "num_query_heads", "num_kv_heads", "kv_dtype", "
 
 def earlier_meta(path: str) -> dict:
     meta = json.loads(Path(path).read_text())["meta"]
-    return {"date": meta.get("date"), "classes": [c["name"] for c in meta.get("classes", [])]}
+    out = {"date": meta.get("date"), "classes": [c["name"] for c in meta.get("classes", [])]}
+    if meta.get("merged"):  # that run's own merged sweeps: where each class was measured
+        out["merged"] = meta["merged"]
+    return out
 
 
 def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", wide_shapes=None, wide_scales=None):
@@ -390,21 +399,23 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
     """Fit the rule's constants to measured points by coordinate search; returns (rule, score).
 
     Objective, in order: choices that were not measured, points slower than stock by >3%, total
-    log-regret against the best measured candidate. Two rounds over (launch shapes x BLOCK_M
-    fill threshold: a wider block pays off only with its own shape, so the two move together),
-    (each wider block's factor on the split coefficient), then (split coef, exponent, lower
-    bound, unsplit threshold) keep it to about a thousand policy evaluations per point set,
-    seconds on the GPU host's CPU.
+    log-regret against the best measured candidate. Two rounds over (base launch shape x split
+    coefficient and exponent: a shape's best split count moves with its tile and warps, so the two
+    are searched together), (wider blocks' shapes x BLOCK_M fill threshold: a wider block pays off
+    only with its own shape), (each wider block's factor on the split coefficient), then (split
+    coef, exponent, lower bound, unsplit threshold) keep it to a few thousand policy evaluations
+    per point set, seconds on the GPU host's CPU.
     """
     params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8, "base": next(iter(BASE_SHAPES)),
               **{f"w{bm}": next(iter(shapes)) for bm, shapes in WIDE_SHAPES.items()},
               **{f"s{bm}": 1 for bm in WIDE_SHAPES}}
+    coefs, exps = tuple(2 ** (i / 2) for i in range(2, 15)), (0.25, 1 / 3, 0.5)
     grids = [
-        {"base": tuple(BASE_SHAPES), **{f"w{bm}": tuple(shapes) for bm, shapes in WIDE_SHAPES.items()},
+        {"base": tuple(BASE_SHAPES), "coef": coefs, "exp": exps},
+        {**{f"w{bm}": tuple(shapes) for bm, shapes in WIDE_SHAPES.items()},
          "fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
         {f"s{bm}": (1, 0.5, 0.25) for bm in WIDE_SHAPES},
-        {"coef": tuple(2 ** (i / 2) for i in range(2, 15)), "exp": (0.25, 1 / 3, 0.5), "lo": (4, 8),
-         "unsplit": (0, 2, 4, 8)},
+        {"coef": coefs, "exp": exps, "lo": (4, 8), "unsplit": (0, 2, 4, 8)},
     ]
 
     def make(t):
@@ -457,7 +468,11 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", action="append", default=[], metavar="JSON",
                     help="bench_unified_attention.json of an earlier run on this GPU: its classes' swept "
                          "candidates join the fit and the final comparison instead of being swept again")
+    ap.add_argument("--fit-only", action="store_true",
+                    help="sweep nothing: fit the --merge'd points and time the fitted table against stock")
     args = ap.parse_args(argv)
+    if args.fit_only and not args.merge:
+        ap.error("--fit-only needs --merge")
     torch = _torch()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -481,6 +496,8 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"unknown classes {sorted(unknown)}")
         classes = [c for c in classes if c.name in wanted]
+    if args.fit_only:
+        classes = []
     merged = []
     for path in args.merge:
         earlier = json.loads(Path(path).read_text())
@@ -501,7 +518,10 @@ def main(argv=None) -> int:
             "merged": {"from": [earlier_meta(p) for p in args.merge], "points": len(merged)} if merged else None}
     print(f"radiance-attn tune on {props.name} ({arch}), kernel from vLLM {meta['vllm_kernel_from']}, "
           f"{len(work)} points, {args.jobs} compile workers")
-    pre = precompile(str(args.kernel_src), work, args.jobs)
+    # --fit-only sweeps nothing but still times the fitted table at every merged point
+    by_name = {c.name: c for c in CLASSES}
+    compile_work = work or [(by_name[p["class"]], p["ctx"], p["seqs"], p["width"]) for p in merged]
+    pre = precompile(str(args.kernel_src), compile_work, args.jobs)
     print(f"precompiled in {pre:.0f}s")
 
     points, skipped = [], 0
