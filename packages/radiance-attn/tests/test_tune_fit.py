@@ -93,3 +93,20 @@ def test_fit_finds_a_shape_that_wins_only_at_its_own_split_count():
     assert (rule["tile_3d"], rule["warps_3d"], rule["kernel_3d"]) == (32, 1, "radiance")
     assert (rule["split"]["coef"], rule["split"]["exp"]) == (4.0, 0.5)
     assert score["mean_regret_pct"] < 1.0, score
+
+
+def test_precompile_builds_only_the_launches_asked_for(monkeypatch):
+    built = {}
+    monkeypatch.setattr(tune, "build_in_workers", lambda fn, tasks, jobs: built.update(tasks) or {})
+    truth = {"arch": "sm_90", "triton": {"default": _truth(), "classes": []}}
+    work = [(KLASS, 32768, 1, 1), (KLASS, 32768, 8, 9)]
+    chosen = [policy.triton_launch(tune._geo(dict(vars(KLASS), ctx=c, seqs=s, width=w), "sm_90"), truth)
+              for _, c, s, w in work]
+    tune.precompile("staged", work, 2, launches=lambda k, ctx, seqs, width: [
+        policy.triton_launch(tune._geo(dict(vars(k), ctx=ctx, seqs=seqs, width=width), "sm_90"), truth)])
+    asked = [launch for (_, _, launches, _) in built.values() for launch in launches]
+    assert sorted(map(str, asked)) == sorted(str({f: getattr(c, f) for f in tune._LAUNCH_FIELDS}) for c in chosen)
+    built.clear()
+    tune.precompile("staged", work, 2)  # default: every candidate of each point
+    assert sum(len(ls) for (_, _, ls, _) in built.values()) == len(
+        {tune._key(c) for _, c_, s, w in work for c in tune.candidate_launches(KLASS, c_, s, w)})

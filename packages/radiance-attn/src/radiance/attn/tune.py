@@ -326,8 +326,9 @@ def _precompile_task(args):
     return ""
 
 
-def precompile(src: str, work: list, jobs: int) -> float:
-    """Compile every distinct launch in ``work`` in parallel processes; returns seconds spent.
+def precompile(src: str, work: list, jobs: int, launches=None) -> float:
+    """Compile every distinct launch of ``work`` in parallel processes; returns seconds spent.
+    ``launches(k, ctx, seqs, width)``: the launches of a point (default: every candidate).
 
     vLLM's kernel takes the segment count as a constexpr (a build per count); radiance's takes it
     at run time in the main kernel, so one task builds a shape's main kernel once and each
@@ -336,7 +337,7 @@ def precompile(src: str, work: list, jobs: int) -> float:
     t0 = time.time()
     tasks = {}
     for k, ctx, seqs, width in work:
-        for c in candidate_launches(k, ctx, seqs, width):
+        for c in (launches or candidate_launches)(k, ctx, seqs, width):
             group = _key(c if c.kernel != "radiance" else dataclasses.replace(c, num_segments=0))
             task = tasks.setdefault((k.name, group), (src, asdict(k), {}, width))
             task[2][_key(c)] = {f: getattr(c, f) for f in _LAUNCH_FIELDS}
@@ -518,11 +519,8 @@ def main(argv=None) -> int:
             "merged": {"from": [earlier_meta(p) for p in args.merge], "points": len(merged)} if merged else None}
     print(f"radiance-attn tune on {props.name} ({arch}), kernel from vLLM {meta['vllm_kernel_from']}, "
           f"{len(work)} points, {args.jobs} compile workers")
-    # --fit-only sweeps nothing but still times the fitted table at every merged point
-    by_name = {c.name: c for c in CLASSES}
-    compile_work = work or [(by_name[p["class"]], p["ctx"], p["seqs"], p["width"]) for p in merged]
-    pre = precompile(str(args.kernel_src), compile_work, args.jobs)
-    print(f"precompiled in {pre:.0f}s")
+    if work:
+        print(f"precompiled in {precompile(str(args.kernel_src), work, args.jobs):.0f}s")
 
     points, skipped = [], 0
     by_class = {}
@@ -571,6 +569,13 @@ def main(argv=None) -> int:
     tdir.mkdir(exist_ok=True)
     table_path = tdir / tables.table_file(arch).name
     table_path.write_text(json.dumps(table, indent=1) + "\n")
+    if args.fit_only:  # nothing swept, so nothing built yet: build what the fitted table launches
+        by_name = {c.name: c for c in CLASSES}
+        chosen = [(by_name[p["class"]], p["ctx"], p["seqs"], p["width"]) for p in points]
+        pre = precompile(str(args.kernel_src), chosen, args.jobs, launches=lambda k, ctx, seqs, width: [
+            c for c in [policy.triton_launch(_geo(dict(asdict(k), ctx=ctx, seqs=seqs, width=width), arch), table)]
+            if c is not None])
+        print(f"precompiled the table's launches in {pre:.0f}s")
 
     # ---- radiance (fitted table, own wrapper) vs stock, exactness --------------------------------
     rad = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table=table)
