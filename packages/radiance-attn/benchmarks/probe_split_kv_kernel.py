@@ -103,16 +103,9 @@ def around(c: policy.TritonLaunch) -> dict[str, policy.TritonLaunch]:
 def around_probe(args, classes, out: Path, t0: float) -> None:
     """The shipped launch against its neighbours (see the module docstring)."""
     module, dev, arch, sms = tune.probe_device(args.kernel_src)
-    work = {}
-    for k in classes:
-        for ctx, seqs, width in AROUND_POINTS:
-            c = table_launch(k, ctx, seqs, width, sms)
-            for v in (around(c).values() if c else ()):
-                entry = work.setdefault((k.name, shape(v)), [asdict(k), dict(zip(SHAPE_FIELDS, shape(v)),
-                                                                              num_segments=16, kernel="radiance"), set()])
-                entry[2].add(width)
-    failed = tune.build_in_workers(_compile, {kk: (a, f, sorted(w)) for kk, (a, f, w) in work.items()}, args.jobs)
-    print(f"{len(work)} configs compiled in {time.time() - t0:.0f}s, {len(failed)} failed", flush=True)
+    failed = _build_all(((k, v, width) for k in classes for ctx, seqs, width in AROUND_POINTS
+                         for c in [table_launch(k, ctx, seqs, width, sms)] if c for v in around(c).values()),
+                        args.jobs, t0)
     rows = []
     for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
                                                                   t0 + args.budget_s):
@@ -188,6 +181,18 @@ def _compile(args) -> str:
     return ""
 
 
+def _build_all(items, jobs: int, t0: float) -> dict:
+    """Build each distinct (class, launch shape) of ``items`` ((klass, launch, width) triples) in
+    worker processes, at the widths it will serve; returns {(class name, shape): why it failed}."""
+    work = {}
+    for k, c, width in items:
+        fields = dict(zip(SHAPE_FIELDS, shape(c)), num_segments=16, kernel="radiance")
+        work.setdefault((k.name, shape(c)), (asdict(k), fields, set()))[2].add(width)
+    failed = tune.build_in_workers(_compile, {kk: (a, f, sorted(w)) for kk, (a, f, w) in work.items()}, jobs)
+    print(f"{len(work)} configs compiled in {time.time() - t0:.0f}s, {len(failed)} failed {failed}", flush=True)
+    return failed
+
+
 def row_ulps(out, ref) -> float:
     err = (out.float() - ref).abs().amax(-1)
     return (err / (2.0**-7 * ref.abs().amax(-1).clamp_min(1e-6))).max().item()
@@ -214,16 +219,8 @@ def main(argv=None) -> int:
         print(f"done in {time.time() - t0:.0f}s")
         return 0
     module, dev, arch, sms = tune.probe_device(args.kernel_src)
-    work = {}
-    for k in classes:
-        for ctx, _, width in POINTS:
-            for bm in block_ms(k, width):
-                for c in launches(k, bm, 1024):
-                    fields = dict(zip(SHAPE_FIELDS, shape(c)))
-                    entry = work.setdefault((k.name, shape(c)), [asdict(k), dict(fields, num_segments=16, kernel="radiance"), set()])
-                    entry[2].add(width)
-    failed = tune.build_in_workers(_compile, {kk: (a, f, sorted(w)) for kk, (a, f, w) in work.items()}, args.jobs)
-    print(f"{len(work)} configs compiled in {time.time() - t0:.0f}s, {len(failed)} failed {failed}", flush=True)
+    failed = _build_all(((k, c, width) for k in classes for _, _, width in POINTS for bm in block_ms(k, width)
+                         for c in launches(k, bm, 1024)), args.jobs, t0)
 
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
     results = []

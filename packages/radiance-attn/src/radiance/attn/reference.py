@@ -1,8 +1,9 @@
 """Reference paged causal attention: the specification the kernels' outputs are checked against.
 
-Plain torch (fp32 unless asked for fp64), one sequence at a time: gather the sequence's keys and values through its
-block table, mask causally (query ``i`` of a sequence with ``L`` keys and ``n`` queries sits at
-absolute position ``L - n + i``), softmax, weighted sum. Slow and obvious on purpose.
+Plain torch (fp32 unless asked for fp64), one sequence at a time: gather the sequence's keys and
+values through its block table, mask causally (query ``i`` of a sequence with ``L`` keys and ``n``
+queries sits at absolute position ``L - n + i``), softmax, weighted sum. Slow and obvious on
+purpose.
 """
 
 from __future__ import annotations
