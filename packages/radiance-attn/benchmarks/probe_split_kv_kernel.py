@@ -21,6 +21,15 @@ as is and doubled: software-pipeline stages 2-6 at the shipped tile and warps, a
 {32, 64, 128} x warps {1, 2, 4, 8} at the shipped stages (one warp only for blocks of <= 32 rows and
 tiles of <= 64 keys); two alternations, the faster of each.
 Writes ``split_kv_around.json``.
+
+``--latency``: at the same points, the shipped launch shape on radiance's kernel against the
+options aimed at its latency-bound tile loop (``split_kv_kernel`` docstring): the block table one
+tile ahead (at the shipped stages and at 3), and register caps that let one and two more blocks
+onto an SM (from the shipped build's registers and shared memory), alone and with the table
+ahead; each at the shipped segment count, halved and doubled, two alternations, the faster kept.
+Every variant's output is checked bit for bit against the shipped launch's (same math, same
+order). Records each build's registers, spills, shared memory and blocks an SM.
+Writes ``split_kv_latency.json``.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ def block_ms(k: tune.Klass, width: int) -> tuple[int, ...]:
     return (base,) if wide is None else (base, wide)
 
 
-SHAPE_FIELDS = ("block_m", "block_q", "tile_size", "num_warps", "num_stages")
+SHAPE_FIELDS = ("block_m", "block_q", "tile_size", "num_warps", "num_stages", "max_registers", "table_ahead")
 
 
 def shape(c: policy.TritonLaunch) -> tuple:
@@ -65,8 +74,8 @@ def launches(k: tune.Klass, bm: int, ctx: int) -> list[policy.TritonLaunch]:
             if seg <= policy.next_pow2(policy.cdiv(ctx, tile))]
 
 
-def run(b: tune.Bench, kw: dict, c: policy.TritonLaunch, v_in_registers=None) -> None:
-    split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
+def run(b: tune.Bench, kw: dict, c: policy.TritonLaunch, v_in_registers=None):
+    return split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
                            kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
                            kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum, v_in_registers=v_in_registers)
 
@@ -100,6 +109,28 @@ def around(c: policy.TritonLaunch) -> dict[str, policy.TritonLaunch]:
     return out
 
 
+def alternate(b: tune.Bench, rs: list[dict], variants: dict[str, policy.TritonLaunch]) -> dict[str, float]:
+    """Each variant timed in two alternations over all of them; the faster time of each."""
+    times = {}
+    for _ in range(2):
+        for name, v in variants.items():
+            t = tune.time_graph([lambda kw=kw, v=v: run(b, kw, v) for kw in rs])
+            times[name] = min(times.get(name, t), t)
+    return times
+
+
+def shipped_row(k: tune.Klass, b: tune.Bench, point: tuple, stock: float, c: policy.TritonLaunch,
+                times: dict[str, float]) -> dict:
+    """A point's record (the shipped launch as "shipped" in ``times``), printed as a line."""
+    (ctx, seqs, width), floor = point, b.floor_us(point[0], point[1])
+    best = min(times, key=times.get)
+    print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} shipped {times['shipped']:.1f} "
+          f"({times['shipped'] / floor:.2f}x) best {times[best]:.1f} ({times[best] / floor:.2f}x, {best})", flush=True)
+    return {"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor, "stock_us": stock,
+            "shipped": f"{c.describe()} stages={c.num_stages}", "shipped_us": times["shipped"], "best": best,
+            "best_us": times[best], "times": times}
+
+
 def around_probe(args, classes, out: Path, t0: float) -> None:
     """The shipped launch against its neighbours (see the module docstring)."""
     module, dev, arch, sms = tune.probe_device(args.kernel_src)
@@ -113,22 +144,99 @@ def around_probe(args, classes, out: Path, t0: float) -> None:
         if c is None:
             continue
         rs = [b.radiance_kwargs(kw) for kw in sets]
-        times = {}
-        for _ in range(2):
-            for name, v in around(c).items():
-                if (k.name, shape(v)) not in failed:
-                    t = tune.time_graph([lambda kw=kw, v=v: run(b, kw, v) for kw in rs])
-                    times[name] = min(times.get(name, t), t)
-        best = min(times, key=times.get)
-        floor = b.floor_us(ctx, seqs)
-        rows.append({"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor,
-                     "stock_us": stock, "shipped": f"{c.describe()} stages={c.num_stages}",
-                     "shipped_us": times["shipped"], "best": best, "best_us": times[best], "times": times})
-        print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} shipped {times['shipped']:.1f} "
-              f"({times['shipped'] / floor:.2f}x) best {times[best]:.1f} ({times[best] / floor:.2f}x, {best})",
-              flush=True)
+        times = alternate(b, rs, {n: v for n, v in around(c).items() if (k.name, shape(v)) not in failed})
+        rows.append(shipped_row(k, b, (ctx, seqs, width), stock, c, times))
         (out / "split_kv_around.json").write_text(json.dumps({"failed": {str(kk): v for kk, v in failed.items()},
                                                               "results": rows}, indent=1))
+
+
+# H200 (sm_90) per-SM limits the occupancy arithmetic of the latency probe uses.
+SM_REGISTERS, SM_SHARED, SM_WARPS, SM_BLOCKS = 65536, 228 * 1024, 64, 32
+
+
+def blocks_per_sm(registers: int, warps: int, shared: int) -> int:
+    """Blocks of a kernel an SM holds: registers are allocated 256 a warp (8 a thread), and the
+    driver reserves 1 KiB of shared memory a block."""
+    by_registers = SM_REGISTERS // (-(-registers // 8) * 8 * 32 * warps)
+    return min(by_registers, SM_SHARED // (shared + 1024), SM_WARPS // warps, SM_BLOCKS)
+
+
+def register_caps(registers: int, warps: int, shared: int) -> list[int]:
+    """Register caps that fit one and two more blocks an SM, where shared memory lets them in."""
+    caps, now = [], blocks_per_sm(registers, warps, shared)
+    for blocks in (now + 1, now + 2):
+        cap = SM_REGISTERS // (blocks * 32 * warps) // 8 * 8
+        if 24 <= cap < registers and blocks_per_sm(cap, warps, shared) == blocks:
+            caps.append(cap)
+    return caps
+
+
+def latency_variants(c: policy.TritonLaunch, caps: list[int]) -> dict[str, policy.TritonLaunch]:
+    """The shipped launch ("shipped"), with the block table one tile ahead at 2 and 3 stages, and
+    under each register cap with and without it; each at the shipped segment count, halved and
+    doubled. Named {variant}_s{segments}."""
+    segs = sorted({min(256, max(4, s)) for s in (c.num_segments // 2, c.num_segments, c.num_segments * 2)})
+    shapes = {"base": {}, "ahead": {"table_ahead": True}, "ahead_st3": {"table_ahead": True, "num_stages": 3}}
+    for cap in caps:
+        shapes[f"r{cap}"] = {"max_registers": cap}
+        shapes[f"r{cap}_ahead"] = {"max_registers": cap, "table_ahead": True}
+    out = {"shipped": c}
+    for (name, change), seg in itertools.product(shapes.items(), segs):
+        out[f"{name}_s{seg}"] = replace(c, num_segments=seg, **change)
+    return out
+
+
+def latency_probe(args, classes, out: Path, t0: float) -> None:
+    """The shipped launch against the latency options (see the module docstring)."""
+    import torch
+
+    module, dev, arch, sms = tune.probe_device(args.kernel_src)
+    ships = {(k.name, ctx, seqs, width): c for k in classes for ctx, seqs, width in AROUND_POINTS
+             for c in [table_launch(k, ctx, seqs, width, sms)] if c}
+    by_name = {k.name: k for k in classes}
+    failed = _build_all(((by_name[n], v, w) for (n, _, _, w), c in ships.items()
+                         for v in latency_variants(c, []).values()), args.jobs, t0)
+    # Each shipped shape's registers and shared memory, from its build, give its caps.
+    builds = {}
+    for (name, _, _, width), c in ships.items():
+        if (name, shape(c)) not in builds and (name, shape(c)) not in failed:
+            b = tune.Bench(None, by_name[name], max_tokens=2048, device=dev, rotate_bytes=0)
+            h = run(b, b.point(1024, 1, width)[0], c)
+            builds[(name, shape(c))] = {"registers": h.n_regs, "spills": h.n_spills, "shared": h.metadata.shared,
+                                        "warps": c.num_warps}
+            del b
+    caps = {kk: register_caps(v["registers"], v["warps"], v["shared"]) for kk, v in builds.items()}
+    failed |= _build_all(((by_name[n], v, w) for (n, _, _, w), c in ships.items()
+                          for v in latency_variants(c, caps.get((n, shape(c)), [])).values()
+                          if v.max_registers is not None), args.jobs, t0)
+    rows = []
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
+                                                                  t0 + args.budget_s):
+        c = ships.get((k.name, ctx, seqs, width))
+        if c is None or (k.name, shape(c)) not in builds:
+            continue
+        variants = latency_variants(c, caps[(k.name, shape(c))])
+        rs = [b.radiance_kwargs(kw) for kw in sets]
+        used, differ = {}, []
+        # Same math, same order: every variant's output must equal the shipped launch's, bit for bit.
+        ref = torch.empty_like(rs[0]["q"])
+        run(b, dict(rs[0], out=ref), c)
+        for name, v in variants.items():
+            if (k.name, shape(v)) in failed:
+                continue
+            o = torch.empty_like(ref)
+            h = run(b, dict(rs[0], out=o), v)
+            used[name] = {"registers": h.n_regs, "spills": h.n_spills, "shared": h.metadata.shared,
+                          "blocks_per_sm": blocks_per_sm(h.n_regs, v.num_warps, h.metadata.shared)}
+            if not torch.equal(o, ref):
+                differ.append(name)
+        times = alternate(b, rs, {n: v for n, v in variants.items() if n in used})
+        rows.append(dict(shipped_row(k, b, (ctx, seqs, width), stock, c, times), builds=used, outputs_differ=differ))
+        if differ:
+            print(f"  OUTPUTS DIFFER from the shipped launch's: {', '.join(differ)}", flush=True)
+        (out / "split_kv_latency.json").write_text(json.dumps(
+            {"failed": {str(kk): v for kk, v in failed.items()}, "builds": {str(kk): v for kk, v in builds.items()},
+             "results": rows}, indent=1))
 
 
 def v_ab(out: Path) -> None:
@@ -202,6 +310,8 @@ def main(argv=None) -> int:
     ap = tune.probe_parser(__doc__, 300.0)
     ap.add_argument("--v-ab", action="store_true", help="only the fp8 V conversion A/B")
     ap.add_argument("--around", action="store_true", help="only the shipped launch against its neighbours")
+    ap.add_argument("--latency", action="store_true",
+                    help="only the shipped launch against the block table one tile ahead and register caps")
     ap.add_argument("--classes", help="comma list of class names (default: all)")
     args = ap.parse_args(argv)
     classes = [c for c in tune.CLASSES if not args.classes or c.name in args.classes.split(",")]
@@ -214,8 +324,8 @@ def main(argv=None) -> int:
         v_ab(out)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
-    if args.around:
-        around_probe(args, classes, out, t0)
+    if args.around or args.latency:
+        (latency_probe if args.latency else around_probe)(args, classes, out, t0)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
     module, dev, arch, sms = tune.probe_device(args.kernel_src)

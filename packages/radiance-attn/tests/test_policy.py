@@ -261,3 +261,34 @@ def test_triton_launch_kernel_from_the_table():
     assert one.num_segments == 1 and one.kernel == "vllm"
     with pytest.raises(ValueError, match="kernel"):
         tables.validate({"arch": "x", "triton": {"default": dict(rule, kernel_3d="flash")}})
+
+
+def test_triton_launch_register_cap_and_table_ahead_from_the_table():
+    split = {"coef": 16, "exp": 1 / 3, "min": 4, "max": 256}
+    rule = {"max_query_len": 9, "max_seqs": 8, "split": split, "tile_3d": 32, "warps_3d": 4, "stages_3d": 2,
+            "kernel_3d": "radiance", "registers_3d": 96, "table_ahead_3d": True,
+            "wide": {"block_m": [32, 128], "min_fill": 0.4,
+                     "launch": {"32": {"tile": 64, "warps": 4, "stages": 2, "registers": 128},
+                                "128": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance",
+                                        "table_ahead": True}}}}
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    tables.validate(table)
+    decode = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1), table)
+    assert (decode.max_registers, decode.table_ahead) == (96, True)
+    assert "registers<=96" in decode.describe() and "one tile ahead" in decode.describe()
+    # a widened block's options are its own entry's, never the 3D keys'
+    w4 = policy.triton_launch(sm90(), table)  # 32 rows, vLLM's kernel
+    assert (w4.kernel, w4.max_registers, w4.table_ahead) == ("vllm", 128, False)
+    w9 = policy.triton_launch(sm90(num_tokens=9, max_seqlen_q=9), table)  # 72 rows
+    assert (w9.kernel, w9.max_registers, w9.table_ahead, w9.num_stages) == ("radiance", None, True, 3)
+    # an unsplit launch runs vLLM's 2D kernel: no table ahead, no 3D register cap
+    unsplit = dict(rule, split=dict(split, unsplit_below=1 << 20))
+    one = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1),
+                               {"arch": "sm_90", "triton": {"default": unsplit, "classes": []}})
+    assert (one.kernel, one.max_registers, one.table_ahead) == ("vllm", None, False)
+    with pytest.raises(ValueError, match="registers"):
+        tables.validate({"arch": "x", "triton": {"default": dict(rule, registers_3d=300)}})
+    with pytest.raises(ValueError, match="registers"):
+        tables.validate({"arch": "x", "triton": {"default": dict(rule, registers_3d=96.5)}})
+    with pytest.raises(ValueError, match="table_ahead"):
+        tables.validate({"arch": "x", "triton": {"default": dict(rule, kernel_3d="vllm")}})

@@ -1,8 +1,9 @@
 """The tuning harness's fit recovers a rule from measured candidates (synthetic timings, CPU)."""
 
+import dataclasses
 import math
 
-from radiance.attn import policy, tune
+from radiance.attn import policy, tables, tune
 
 KLASS = tune.CLASSES[0]  # head 256, 2 KV heads, bf16
 GRID = {"ctx": (4096, 32768, 131072), "seqs": (1, 2, 8), "width": (1, 2, 4, 9)}
@@ -110,3 +111,20 @@ def test_precompile_builds_only_the_launches_asked_for(monkeypatch):
     tune.precompile("staged", work, 2)  # default: every candidate of each point
     assert sum(len(ls) for (_, _, ls, _) in built.values()) == len(
         {tune._key(c) for _, c_, s, w in work for c in tune.candidate_launches(KLASS, c_, s, w)})
+
+
+def test_register_cap_and_table_ahead_go_from_a_shape_to_the_table_and_back(monkeypatch):
+    shape = {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance", "registers": 96, "table_ahead": True}
+    monkeypatch.setitem(tune.BASE_SHAPES, "rk_t32w4s2r96ta", shape)
+    rule = tune._rule(16.0, 1 / 3, 4, 0, 0.8, 8, 9, "rk_t32w4s2r96ta")
+    assert (rule["registers_3d"], rule["table_ahead_3d"]) == (96, True)
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    tables.validate(table)
+    p = {"head_size": KLASS.head_size, "num_query_heads": KLASS.num_query_heads, "num_kv_heads": KLASS.num_kv_heads,
+         "kv_dtype": KLASS.kv_dtype, "ctx": 32768, "seqs": 1, "width": 1}
+    launch = policy.triton_launch(tune._geo(p, "sm_90"), table)
+    assert (launch.max_registers, launch.table_ahead, launch.kernel) == (96, True, "radiance")
+    # the table's launch is one the sweep timed, under its own key (not the uncapped shape's)
+    keys = {tune._key(c) for c in tune.candidate_launches(KLASS, 32768, 1, 1)}
+    assert tune._key(launch) in keys and tune._key(launch).endswith("_r96_ta_rk")
+    assert tune._key(dataclasses.replace(launch, max_registers=None, table_ahead=False)) in keys

@@ -199,6 +199,12 @@ class TritonLaunch:
     # "vllm": vLLM's kernel_unified_attention (+ reduce_segments); "radiance": radiance's own
     # split-KV kernel (split_kv_kernel.py), whose fp8 KV path keeps the scales out of the tile loop.
     kernel: str = "vllm"
+    # Per-thread register cap handed to the compiler (Triton's ``maxnreg``): more blocks an SM
+    # where registers are what limits them; None leaves it to ptxas.
+    max_registers: int | None = None
+    # radiance's kernel only: load the next KV tile's block-table entries one tile ahead
+    # (split_kv_kernel.py explains both options).
+    table_ahead: bool = False
 
     @property
     def is_3d(self) -> bool:
@@ -214,7 +220,9 @@ class TritonLaunch:
         warps = self.num_warps if self.num_warps is not None else "default"
         kind = f"split-KV {self.num_segments} segments" if self.is_3d else "unsplit 2D"
         who = "radiance kernel, " if self.kernel == "radiance" else ""
-        return f"{who}{kind}, BLOCK_M={self.block_m} BLOCK_Q={self.block_q} TILE={self.tile_size} warps={warps}"
+        extra = (f" registers<={self.max_registers}" if self.max_registers is not None else "") + (
+            " block-table one tile ahead" if self.table_ahead else "")
+        return f"{who}{kind}, BLOCK_M={self.block_m} BLOCK_Q={self.block_q} TILE={self.tile_size} warps={warps}{extra}"
 
 
 def stock_triton_tile(geo: Geometry, is_3d: bool) -> int:
@@ -274,12 +282,15 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
         return None  # exactly stock's verify launch
     if seg <= 1:
         tile = stock_triton_tile(geo, False) if bm == base_bm else tile
-    if wide_cfg:  # a widened block's warps, stages and kernel are its own entry's, never the 3D keys
+    if wide_cfg:  # a widened block's launch options are its own entry's, never the 3D keys
         warps, stages, kernel = wide_cfg.get("warps"), wide_cfg.get("stages"), wide_cfg.get("kernel", "vllm")
+        registers, ahead = wide_cfg.get("registers"), wide_cfg.get("table_ahead", False)
     else:
         warps = rule.get("warps_3d") if seg > 1 else None
         stages = rule.get("stages_3d") if seg > 1 else None
         kernel = rule.get("kernel_3d", "vllm")
+        registers = rule.get("registers_3d") if seg > 1 else None
+        ahead = rule.get("table_ahead_3d", False)
     if seg <= 1:
         kernel = "vllm"  # radiance's kernel is split-KV only; unsplit launches are vLLM's 2D kernel
     return TritonLaunch(
@@ -290,6 +301,8 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
         num_warps=None if warps is None else int(warps),
         num_stages=None if stages is None else int(stages),
         kernel=kernel,
+        max_registers=None if registers is None else int(registers),
+        table_ahead=bool(ahead) and kernel == "radiance",
         reason=f"table {table.get('arch', geo.arch)}{' (provisional)' if table.get('provisional') else ''}",
         notes=tuple(notes),
     )

@@ -10,7 +10,9 @@ optional ``tile_3d`` / ``warps_3d`` / ``stages_3d`` / ``kernel_3d`` for the stoc
 launch (absent: vLLM's own shape and kernel; ``kernel_3d: "radiance"`` runs radiance's split-KV
 kernel); ``wide`` (``block_m`` choices, ``min_fill``, and per block a ``launch`` of tile, warps,
 optional stages, optional ``kernel`` and optional ``split_scale`` on the split coefficient); ``max_seqs`` and
-``max_query_len`` bound the batches it serves.
+``max_query_len`` bound the batches it serves. Any launch (the ``_3d`` keys or a widened block's
+entry) may also carry ``registers`` (a per-thread register cap, 24-255) and, on radiance's kernel,
+``table_ahead`` (``policy.TritonLaunch`` says what they do).
 
 Sources, first match wins:
 1. ``RADIANCE_ATTN_TABLE=path.json`` -- serves the arch named in that file, nothing else.
@@ -78,11 +80,17 @@ def validate(table: Mapping[str, Any]) -> None:
             for bm in (rule.get("wide") or {}).get("block_m", []):
                 if int(bm) & (int(bm) - 1):
                     raise ValueError(f"table {table['arch']}: BLOCK_M {bm} is not a power of two")
-            kernels = [rule.get("kernel_3d", "vllm")]
-            kernels += [c.get("kernel", "vllm") for c in ((rule.get("wide") or {}).get("launch") or {}).values()]
-            for kernel in kernels:
+            launches = [{k[:-3]: v for k, v in rule.items() if k.endswith("_3d")}]
+            launches += list(((rule.get("wide") or {}).get("launch") or {}).values())
+            for launch in launches:
+                kernel = launch.get("kernel", "vllm")
                 if kernel not in KERNELS:
                     raise ValueError(f"table {table['arch']}: kernel {kernel!r} is not one of {KERNELS}")
+                regs = launch.get("registers")
+                if regs is not None and (not isinstance(regs, int) or not 24 <= regs <= 255):
+                    raise ValueError(f"table {table['arch']}: registers {regs!r} is not a count in 24..255")
+                if launch.get("table_ahead") and kernel != "radiance":
+                    raise ValueError(f"table {table['arch']}: table_ahead is an option of radiance's kernel only")
 
 
 @functools.lru_cache(maxsize=None)

@@ -293,6 +293,8 @@ class RadianceUnifiedAttention:
             extra["num_warps"] = launch.num_warps
         if launch.num_stages is not None:
             extra["num_stages"] = launch.num_stages
+        if launch.max_registers is not None:
+            extra["maxnreg"] = launch.max_registers
         segm_out = kw["softmax_segm_output"] if is_3d else None
         segm_max = kw["softmax_segm_max"] if is_3d else None
         segm_sum = kw["softmax_segm_expsum"] if is_3d else None

@@ -130,16 +130,22 @@ def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy
     for shape in BASE_SHAPES.values():
         for seg in _segments(shape):
             if seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
-                out.append(policy.TritonLaunch(seg, base, max(1, base // qpkv), shape["tile"], shape["warps"],
-                                               shape["stages"], "candidate", kernel=shape.get("kernel", "vllm")))
+                out.append(shape_launch(shape, seg, base, qpkv))
     if wide is not None:
         for shape in WIDE_SHAPES[wide].values():
             segs = _segments(shape) if shape.get("kernel") == "radiance" else SEGMENTS
             for seg in segs:
                 if seg == 1 or seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
-                    out.append(policy.TritonLaunch(seg, wide, max(1, wide // qpkv), shape["tile"], shape["warps"],
-                                                   shape.get("stages"), "candidate", kernel=shape.get("kernel", "vllm")))
+                    out.append(shape_launch(shape, seg, wide, qpkv))
     return out
+
+
+def shape_launch(shape: dict, seg: int, block_m: int, qpkv: int) -> policy.TritonLaunch:
+    """A launch shape of BASE_SHAPES / WIDE_SHAPES (the keys of a table's launch entry) at a
+    split count and block."""
+    return policy.TritonLaunch(seg, block_m, max(1, block_m // qpkv), shape["tile"], shape["warps"],
+                               shape.get("stages"), "candidate", kernel=shape.get("kernel", "vllm"),
+                               max_registers=shape.get("registers"), table_ahead=shape.get("table_ahead", False))
 
 
 class Bench:
@@ -241,7 +247,8 @@ def time_graph(fns, reps: int = 10) -> float:
     return statistics.median(times)
 
 
-_LAUNCH_FIELDS = ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages", "kernel")
+_LAUNCH_FIELDS = ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages", "kernel",
+                  "max_registers", "table_ahead")
 
 
 def time_stock(module, b: "Bench", sets: list[dict]) -> float:
@@ -377,7 +384,7 @@ def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", w
     rule = {"max_query_len": max_q, "max_seqs": max_seqs,
             "split": {"coef": coef, "exp": exp, "min": lo, "max": max(_segments(shape)), "unsplit_below": unsplit},
             "wide": {"block_m": sorted(WIDE_SHAPES), "min_fill": fill, "launch": launch}}
-    for key in ("tile", "warps", "stages", "kernel"):
+    for key in ("tile", "warps", "stages", "kernel", "registers", "table_ahead"):
         if key in shape:
             rule[f"{key}_3d"] = shape[key]
     return rule
@@ -449,6 +456,8 @@ def _key(launch: policy.TritonLaunch | None) -> str:
     if launch is None:
         return "stock"
     key = f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}_st{launch.num_stages}"
+    key += f"_r{launch.max_registers}" if launch.max_registers is not None else ""
+    key += "_ta" if launch.table_ahead else ""
     return key + "_rk" if launch.kernel == "radiance" else key
 
 
