@@ -26,7 +26,8 @@ Writes ``split_kv_around.json``.
 options aimed at its latency-bound tile loop (``split_kv_kernel`` docstring): the block table one
 tile ahead (at the shipped stages and at 3), and register caps that let one and two more blocks
 onto an SM (from the shipped build's registers and shared memory), alone and with the table
-ahead; each at the shipped segment count, halved and doubled, two alternations, the faster kept.
+ahead at 2 and 3 stages; each at the shipped segment count, halved and doubled, two
+alternations, the faster kept.
 Every variant's output is checked bit for bit against the shipped launch's (same math, same
 order). Records each build's registers, spills, shared memory and blocks an SM.
 Writes ``split_kv_latency.json``.
@@ -173,13 +174,14 @@ def register_caps(registers: int, warps: int, shared: int) -> list[int]:
 
 def latency_variants(c: policy.TritonLaunch, caps: list[int]) -> dict[str, policy.TritonLaunch]:
     """The shipped launch ("shipped"), with the block table one tile ahead at 2 and 3 stages, and
-    under each register cap with and without it; each at the shipped segment count, halved and
-    doubled. Named {variant}_s{segments}."""
+    under each register cap without it and with it at 2 and 3 stages; each at the shipped segment
+    count, halved and doubled. Named {variant}_s{segments}."""
     segs = sorted({min(256, max(4, s)) for s in (c.num_segments // 2, c.num_segments, c.num_segments * 2)})
     shapes = {"base": {}, "ahead": {"table_ahead": True}, "ahead_st3": {"table_ahead": True, "num_stages": 3}}
     for cap in caps:
         shapes[f"r{cap}"] = {"max_registers": cap}
         shapes[f"r{cap}_ahead"] = {"max_registers": cap, "table_ahead": True}
+        shapes[f"r{cap}_ahead_st3"] = {"max_registers": cap, "table_ahead": True, "num_stages": 3}
     out = {"shipped": c}
     for (name, change), seg in itertools.product(shapes.items(), segs):
         out[f"{name}_s{seg}"] = replace(c, num_segments=seg, **change)
