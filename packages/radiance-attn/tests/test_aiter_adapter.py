@@ -1,12 +1,17 @@
 """AITER adapter: what can be checked honestly without ROCm."""
 
+import copy
 import importlib.util
 import sys
+import types
+from typing import NamedTuple
 
 import pytest
 import torch
 
-from radiance.attn import aiter_adapter, policy
+from radiance.attn import aiter_adapter, policy, tables
+
+FP8 = torch.float8_e4m3fn
 
 HAS_AITER = importlib.util.find_spec("aiter") is not None
 
@@ -52,3 +57,114 @@ def test_every_alias_patched_and_idempotent():
     assert mods and all(getattr(m, "_radiance_attn_wrapped", False) for m in mods)
     again = aiter_adapter.install()
     assert again[0] and "0 newly patched" in again[1]
+
+
+# AITER's newer wrapper builds a ``_UAParams`` (the whole batch shape) and asks
+# ``get_unified_attention_config(op, params, backend, arch)`` for each op's config. The patch is
+# exercised on a stand-in with that signature, returning configs of the shapes AITER's per-arch
+# tables hold; the fields are the ones of ``_UAParams`` the adapter reads.
+class UAParams(NamedTuple):
+    num_tokens: int
+    num_query_heads: int
+    num_kv_heads: int
+    head_size: int
+    head_size_v: int
+    num_seqs: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_size: int
+    q_dtype: torch.dtype
+    kv_cache_dtype: torch.dtype
+    shuffled_kv_cache: bool
+    num_2d_prgms: int  # q-blocks at the stock BLOCK_Q x KV heads
+
+
+STOCK = {"kv_split": {"TILE_SIZE": 64, "NUM_SEGMENTS": 8},
+         "attn_3d": {"BLOCK_M": 16, "num_warps": 2, "num_stages": 2, "waves_per_eu": 2},
+         "reduce": {"num_warps": 2, "num_stages": 1, "waves_per_eu": 2},
+         "attn_2d": {"BLOCK_M": 16, "TILE_SIZE": 32, "num_warps": 2, "num_stages": 1, "waves_per_eu": 6}}
+
+
+def _newer_module(tuned_flag: bool):
+    def get_unified_attention_config(op, params, backend="triton", arch=None):
+        cfg = copy.deepcopy(STOCK[op])
+        return (cfg, False) if tuned_flag else cfg
+
+    return types.SimpleNamespace(get_unified_attention_config=get_unified_attention_config)
+
+
+def _params(width=7, seqs=1, kv=FP8, head=256, q_heads=16, kv_heads=2, **kw):
+    tokens, qpkv = width * seqs, q_heads // kv_heads
+    fields = dict(num_tokens=tokens, num_query_heads=q_heads, num_kv_heads=kv_heads, head_size=head, head_size_v=head,
+                  num_seqs=seqs, max_seqlen_q=width, max_seqlen_k=32768, block_size=16, q_dtype=kv,
+                  kv_cache_dtype=kv, shuffled_kv_cache=False,
+                  num_2d_prgms=(seqs if width == 1 else tokens // max(1, 16 // qpkv) + seqs) * kv_heads)
+    fields.update(kw)
+    return UAParams(**fields)
+
+
+def _lookup(tuned_flag=False):
+    mod = _newer_module(tuned_flag)
+    table = tables.for_arch("gfx1201")
+    assert aiter_adapter.patch_lookup_module(mod, "get_unified_attention_config", "gfx1201", table)
+    assert not aiter_adapter.patch_lookup_module(mod, "get_unified_attention_config", "gfx1201", table)
+
+    def get(op, params, backend="triton"):
+        res = mod.get_unified_attention_config(op, params, backend=backend)
+        if tuned_flag:
+            assert isinstance(res, tuple) and res[1] is False  # the (config, is_tuned) form is kept
+            return res[0]
+        return res
+
+    return get
+
+
+@pytest.mark.parametrize("tuned_flag", [False, True])
+def test_newer_lookup_verify_batch_gets_the_gfx1201_rules(tuned_flag):
+    get = _lookup(tuned_flag)
+    p = _params()  # 1 sequence, width 7, 8 queries a KV head: 56 rows, 88% of a 64-row block
+    # the widened block: tile 32, 4 warps, one 64-row q-block a KV head (2 programs), so
+    # 16 * cbrt(1024 tiles / 2 programs) = 128 segments
+    assert get("kv_split", p) == {"TILE_SIZE": 32, "NUM_SEGMENTS": 128}
+    # BLOCK_M is the config's here (the wrapper derives BLOCK_Q and the grid); what the wrapper
+    # passes beside the config (TILE_SIZE, the segment count) stays out of it
+    assert get("attn_3d", p) == {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1, "waves_per_eu": 6}
+    assert get("reduce", p) == {"num_warps": 8, "num_stages": 1, "waves_per_eu": 2}
+    # the same decision as the selector path's policy call
+    attn, _, bm = policy.aiter_decode_3d(aiter_adapter.params_geometry("gfx1201", p),
+                                         {"TILE_SIZE": 64, "NUM_SEGMENTS_PER_SEQ": 8}, {}, p.num_2d_prgms,
+                                         tables.for_arch("gfx1201"))
+    assert (attn["TILE_SIZE"], attn["NUM_SEGMENTS_PER_SEQ"], bm) == (32, 128, 64)
+
+
+def test_newer_lookup_drafter_pass_keeps_aiters_split_and_block():
+    get = _lookup()
+    p = _params(width=1, seqs=4)
+    assert get("kv_split", p) == {"TILE_SIZE": 16, "NUM_SEGMENTS": 8}
+    assert get("attn_3d", p) == {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 6}
+    assert get("reduce", p) == {"num_warps": 8, "num_stages": 1, "waves_per_eu": 2}
+
+
+def test_newer_lookup_prefill_by_head_size():
+    get = _lookup()
+    p = _params(width=300, head=512, kv=torch.bfloat16, q_heads=16, kv_heads=8)
+    assert get("attn_2d", p) == {"BLOCK_M": 32, "BLOCK_Q": 16, "TILE_SIZE": 16, "num_warps": 4, "num_stages": 1,
+                                 "waves_per_eu": 1}
+
+
+@pytest.mark.parametrize("change", [dict(kv=torch.bfloat16), dict(shuffled_kv_cache=True), dict(head_size_v=128)])
+def test_newer_lookup_leaves_what_the_table_does_not_cover(change):
+    get = _lookup()
+    p = _params(**change)
+    for op in ("kv_split", "attn_3d", "reduce"):
+        assert get(op, p) == STOCK[op], op
+
+
+def test_newer_lookup_keeps_gluon_configs_and_warns_once_on_unexpected_params(caplog):
+    get = _lookup()
+    assert get("attn_3d", _params(), backend="gluon") == STOCK["attn_3d"]
+    odd = types.SimpleNamespace(**{k: v for k, v in _params()._asdict().items() if k != "num_2d_prgms"})
+    with caplog.at_level("WARNING", logger="vllm.radiance.attn"):
+        assert get("kv_split", odd) == STOCK["kv_split"]
+        assert get("kv_split", odd) == STOCK["kv_split"]
+    assert len([r for r in caplog.records if "AITER's own config kept" in r.message]) == 1

@@ -1,12 +1,18 @@
 """Adapters that apply the policy to AITER's unified attention (ROCm).
 
-Two API generations are handled, chosen by what the loaded module exposes:
+API generations handled, chosen by what the loaded module exposes:
 * selectors -- ``select_2d_config`` / ``select_3d_config`` return dicts that the wrapper splats
-  into the launches (AITER main as of this writing); patched on every loaded alias of the module.
-* a config-lookup function (``get_config``/``_get_config``/``get_unified_attention_config``)
-  returning the launch dict(s), the form AITER's other Triton ops use with per-arch JSON files;
-  its result gets the same overlays. Geometry comes from the wrapper's frame when the lookup
-  does not take it.
+  into the launches; patched on every loaded alias of the module.
+* the per-op lookup of AITER's newer wrapper, ``get_unified_attention_config(op, params,
+  backend, arch)`` with ``op`` one of ``kv_split`` (TILE_SIZE, NUM_SEGMENTS), ``attn_3d``
+  (BLOCK_M, warps, stages, waves), ``reduce`` and ``attn_2d``, and ``params`` the wrapper's
+  ``_UAParams`` (the whole batch shape); it returns the config, or ``(config, is_tuned)`` in the
+  versions between. Each op's result gets its part of the overlays; the geometry is read from
+  ``params``. BLOCK_M is part of ``attn_3d``'s config there, and the wrapper derives BLOCK_Q and
+  the grid from it, so no launch shim is needed.
+* a config lookup taking the sizes as keywords (``get_config``/``_get_config``), the form
+  AITER's other Triton ops use with per-arch JSON files; the geometry comes from the wrapper's
+  frame.
 
 Every overlay is keyed by arch through the policy's tables: on an arch without an ``aiter``
 section nothing is installed.
@@ -81,6 +87,13 @@ def wrapper_geometry(arch: str, head_size: int, max_seqlen_k: int, q_dtype, kv_d
 class _State(threading.local):
     block_m: int | None = None
     logged: bool = False
+    warned: bool = False
+
+    def warn_once(self, what: str) -> None:
+        """A patched lookup that cannot apply the policy says so once, then keeps AITER's config."""
+        if not self.warned:
+            self.warned = True
+            logger.warning("radiance-attn: %s; AITER's own config kept", what)
 
 
 def patch_selector_module(mod, arch: str, table: dict) -> bool:
@@ -165,16 +178,108 @@ def patch_selector_module(mod, arch: str, table: dict) -> bool:
     return True
 
 
+def params_geometry(arch: str, params) -> policy.Geometry | None:
+    """Geometry from the ``_UAParams`` AITER's newer wrapper hands its config lookup, or None
+    where the policy does not apply (pre-shuffled KV, fp4 queries, a value head of its own size)
+    or a field is not as expected."""
+    try:
+        if params.shuffled_kv_cache or int(getattr(params, "head_size_v", params.head_size)) != int(params.head_size):
+            return None
+        qd, kd = _dtype(params.q_dtype), _dtype(params.kv_cache_dtype)
+        if qd is None or kd is None:
+            return None
+        return policy.Geometry(
+            arch=arch, head_size=int(params.head_size), num_query_heads=int(params.num_query_heads),
+            num_kv_heads=int(params.num_kv_heads), num_tokens=int(params.num_tokens), num_seqs=int(params.num_seqs),
+            max_seqlen_q=int(params.max_seqlen_q), max_seqlen_k=int(params.max_seqlen_k), q_dtype=qd, kv_dtype=kd,
+            block_size=int(params.block_size))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+# What AITER's newer 3D and reduce wrappers pass beside the op's config: an overlay must leave
+# them out of it (a key in both would be a duplicate keyword argument at the launch).
+_PASSED_BESIDE = ("TILE_SIZE", "NUM_SEGMENTS_PER_SEQ", "BLOCK_Q")
+
+
+def _config_of(res):
+    return res[0] if isinstance(res, tuple) else res
+
+
+def patch_params_lookup(mod, lookup_name: str, arch: str, table: dict) -> bool:
+    """Patch AITER's newer per-op lookup ``(op, params, backend, arch)``. False if already patched.
+
+    Why/Remove when: as for the selector API.
+    What: ``kv_split`` gets the policy's tile and split count, ``attn_3d`` its warps, stages,
+         waves and widened BLOCK_M, ``reduce`` its launch, ``attn_2d`` the prefill overlays, all
+         computed from ``params`` (so the three 3D calls of one batch agree: each recomputes the
+         same decision; ``attn_3d`` and ``reduce`` read AITER's own split from the unpatched
+         lookup). The Triton backend only: the Gluon kernels take other config keys.
+    """
+    if getattr(mod, "_radiance_attn_wrapped", False):
+        return False
+    orig = getattr(mod, lookup_name)
+    sig = inspect.signature(orig)
+    state = _State()
+
+    def overlay(op, cfg, params, backend):
+        geo = params_geometry(arch, params)
+        if geo is None or backend != "triton" or not isinstance(cfg, dict):
+            return cfg
+        if op == "attn_2d":
+            return policy.aiter_prefill_2d(geo, cfg, table)
+        if op not in ("kv_split", "attn_3d", "reduce"):
+            return cfg
+        split = cfg if op == "kv_split" else _config_of(orig("kv_split", params, backend=backend))
+        stock = {"TILE_SIZE": int(split["TILE_SIZE"]), "NUM_SEGMENTS_PER_SEQ": int(split["NUM_SEGMENTS"])}
+        attn, red, bm = policy.aiter_decode_3d(geo, dict(cfg, **stock) if op == "attn_3d" else stock,
+                                               cfg if op == "reduce" else {}, int(params.num_2d_prgms), table)
+        if op == "kv_split":
+            return dict(cfg, TILE_SIZE=attn["TILE_SIZE"], NUM_SEGMENTS=attn["NUM_SEGMENTS_PER_SEQ"])
+        if op == "reduce":
+            return {k: v for k, v in red.items() if k not in _PASSED_BESIDE}
+        out = {k: v for k, v in attn.items() if k not in _PASSED_BESIDE}
+        if bm is not None:
+            out["BLOCK_M"] = bm
+        if not geo.all_decode and not state.logged:
+            state.logged = True
+            logger.info("radiance-attn first verify batch (AITER 3D): BLOCK_M=%s TILE=%s splits=%s warps=%s "
+                        "(seqs=%d tokens=%d kv=%d)", bm or "stock", attn.get("TILE_SIZE"),
+                        attn.get("NUM_SEGMENTS_PER_SEQ"), out.get("num_warps"), geo.num_seqs, geo.num_tokens,
+                        geo.max_seqlen_k)
+        return out
+
+    def lookup(*a, **k):
+        res = orig(*a, **k)
+        try:
+            b = sig.bind(*a, **k)
+            b.apply_defaults()
+            args = b.arguments
+            cfg = overlay(args["op"], _config_of(res), args["params"], args.get("backend", "triton"))
+            return (cfg,) + tuple(res[1:]) if isinstance(res, tuple) else cfg
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            state.warn_once(f"AITER's {lookup_name} returned or took something unexpected ({type(exc).__name__}: {exc})")
+            return res
+
+    setattr(mod, lookup_name, lookup)
+    mod._radiance_attn_wrapped = True
+    return True
+
+
 def patch_lookup_module(mod, lookup_name: str, arch: str, table: dict) -> bool:
-    """Patch the config-lookup API: overlay the policy on whatever the lookup returns.
+    """Patch a config lookup taking the sizes as keywords: overlay the policy on whatever it
+    returns. AITER's newer ``(op, params, ...)`` lookup goes to ``patch_params_lookup``.
 
     Why/Remove when: as for the selector API.
     What: the lookup's dict (or (attn, reduce) pair) gets the same overlays; BLOCK_M/BLOCK_Q go
          into the dict when the lookup returns them, since that API carries them in the config.
     """
+    orig = getattr(mod, lookup_name)
+    if "params" in inspect.signature(orig).parameters:
+        return patch_params_lookup(mod, lookup_name, arch, table)
     if getattr(mod, "_radiance_attn_wrapped", False):
         return False
-    orig = getattr(mod, lookup_name)
+    state = _State()
 
     def lookup(*a, **k):
         res = orig(*a, **k)
@@ -187,6 +292,7 @@ def patch_lookup_module(mod, lookup_name: str, arch: str, table: dict) -> bool:
             geo = wrapper_geometry(arch, head if head is not None else 0, k.get("max_seqlen_k", 0),
                                    k.get("q_dtype"), k.get("kv_cache_dtype"), k.get("block_size", 16)) if head else None
             if geo is None:
+                state.warn_once(f"AITER's {lookup_name} was called without sizes radiance can read")
                 return res
             if "NUM_SEGMENTS_PER_SEQ" in attn:
                 red = cfgs[1] if len(cfgs) > 1 and isinstance(cfgs[1], dict) else {}
