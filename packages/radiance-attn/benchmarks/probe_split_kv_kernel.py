@@ -22,12 +22,12 @@ as is and doubled: software-pipeline stages 2-6 at the shipped tile and warps, a
 tiles of <= 64 keys); two alternations, the faster of each.
 Writes ``split_kv_around.json``.
 
-``--latency``: at the same points, the shipped launch shape on radiance's kernel against the
-options aimed at its latency-bound tile loop (``split_kv_kernel`` docstring): the block table one
-tile ahead (at the shipped stages and at 3), and register caps that let one and two more blocks
-onto an SM (from the shipped build's registers and shared memory), alone and with the table
-ahead at 2 and 3 stages; each at the shipped segment count, halved and doubled, two
-alternations, the faster kept.
+``--latency``: at the same points, the shipped launch shape on radiance's kernel (and, for a
+stock-size block, the one- and two-warp 32-key shapes) against the options aimed at its
+latency-bound tile loop (``split_kv_kernel`` docstring): the block table one tile ahead (at the
+shape's stages and at 3), and register caps that let one and two more blocks onto an SM (from
+that shape's build: registers and shared memory), alone and with the table ahead at 2 and 3
+stages; each at the shipped segment count, halved and doubled, two alternations, the faster kept.
 Every variant's output is checked bit for bit against the shipped launch's (same math, same
 order). Records each build's registers, spills, shared memory and blocks an SM.
 Writes ``split_kv_latency.json``.
@@ -172,20 +172,30 @@ def register_caps(registers: int, warps: int, shared: int) -> list[int]:
     return caps
 
 
-def latency_variants(c: policy.TritonLaunch, caps: list[int]) -> dict[str, policy.TritonLaunch]:
-    """The shipped launch ("shipped"), with the block table one tile ahead at 2 and 3 stages, and
-    under each register cap without it and with it at 2 and 3 stages; each at the shipped segment
-    count, halved and doubled. Named {variant}_s{segments}."""
+def latency_starts(c: policy.TritonLaunch) -> dict[str, policy.TritonLaunch]:
+    """Launch shapes the latency options are tried on, by name prefix: the shipped one ("") and,
+    for a stock-size block, the one- and two-warp 32-key shapes (the fit's other choices there)."""
+    out = {"": c}
+    if c.block_m <= 16:
+        for warps in (1, 2):
+            alt = replace(c, tile_size=32, num_warps=warps)
+            if shape(alt) != shape(c):
+                out[f"t32w{warps}_"] = alt
+    return out
+
+
+def latency_variants(c: policy.TritonLaunch, caps: list[int], prefix: str = "") -> dict[str, policy.TritonLaunch]:
+    """Launch ``c`` with the block table one tile ahead at 2 and 3 stages, and under each register
+    cap without it and with it at 2 and 3 stages; each at ``c``'s segment count, halved and
+    doubled. Named {prefix}{variant}_s{segments}."""
     segs = sorted({min(256, max(4, s)) for s in (c.num_segments // 2, c.num_segments, c.num_segments * 2)})
     shapes = {"base": {}, "ahead": {"table_ahead": True}, "ahead_st3": {"table_ahead": True, "num_stages": 3}}
     for cap in caps:
         shapes[f"r{cap}"] = {"max_registers": cap}
         shapes[f"r{cap}_ahead"] = {"max_registers": cap, "table_ahead": True}
         shapes[f"r{cap}_ahead_st3"] = {"max_registers": cap, "table_ahead": True, "num_stages": 3}
-    out = {"shipped": c}
-    for (name, change), seg in itertools.product(shapes.items(), segs):
-        out[f"{name}_s{seg}"] = replace(c, num_segments=seg, **change)
-    return out
+    return {f"{prefix}{name}_s{seg}": replace(c, num_segments=seg, **change)
+            for (name, change), seg in itertools.product(shapes.items(), segs)}
 
 
 def latency_probe(args, classes, out: Path, t0: float) -> None:
@@ -197,33 +207,41 @@ def latency_probe(args, classes, out: Path, t0: float) -> None:
              for c in [table_launch(k, ctx, seqs, width, sms)] if c}
     by_name = {k.name: k for k in classes}
     failed = _build_all(((by_name[n], v, w) for (n, _, _, w), c in ships.items()
-                         for v in latency_variants(c, []).values()), args.jobs, t0)
-    # Each shipped shape's registers and shared memory, from its build, give its caps.
+                         for p, s in latency_starts(c).items() for v in latency_variants(s, [], p).values()),
+                        args.jobs, t0)
+    # Each start shape's registers and shared memory, from its build, give its caps.
     builds = {}
     for (name, _, _, width), c in ships.items():
-        if (name, shape(c)) not in builds and (name, shape(c)) not in failed:
-            b = tune.Bench(None, by_name[name], max_tokens=2048, device=dev, rotate_bytes=0)
-            h = run(b, b.point(1024, 1, width)[0], c)
-            builds[(name, shape(c))] = {"registers": h.n_regs, "spills": h.n_spills, "shared": h.metadata.shared,
-                                        "warps": c.num_warps}
-            del b
+        for start in latency_starts(c).values():
+            if (name, shape(start)) not in builds and (name, shape(start)) not in failed:
+                b = tune.Bench(None, by_name[name], max_tokens=2048, device=dev, rotate_bytes=0)
+                h = run(b, b.point(1024, 1, width)[0], start)
+                builds[(name, shape(start))] = {"registers": h.n_regs, "spills": h.n_spills,
+                                                "shared": h.metadata.shared, "warps": start.num_warps}
+                del b
     caps = {kk: register_caps(v["registers"], v["warps"], v["shared"]) for kk, v in builds.items()}
+
+    def variants(name: str, c: policy.TritonLaunch) -> dict[str, policy.TritonLaunch]:
+        out = {"shipped": c}
+        for p, start in latency_starts(c).items():
+            if (name, shape(start)) in builds:
+                out.update(latency_variants(start, caps[(name, shape(start))], p))
+        return out
+
     failed |= _build_all(((by_name[n], v, w) for (n, _, _, w), c in ships.items()
-                          for v in latency_variants(c, caps.get((n, shape(c)), [])).values()
-                          if v.max_registers is not None), args.jobs, t0)
+                          for v in variants(n, c).values() if v.max_registers is not None), args.jobs, t0)
     rows = []
     for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
                                                                   t0 + args.budget_s):
         c = ships.get((k.name, ctx, seqs, width))
         if c is None or (k.name, shape(c)) not in builds:
             continue
-        variants = latency_variants(c, caps[(k.name, shape(c))])
         rs = [b.radiance_kwargs(kw) for kw in sets]
         used, differ = {}, []
         # Same math, same order: every variant's output must equal the shipped launch's, bit for bit.
         ref = torch.empty_like(rs[0]["q"])
         run(b, dict(rs[0], out=ref), c)
-        for name, v in variants.items():
+        for name, v in variants(k.name, c).items():
             if (k.name, shape(v)) in failed:
                 continue
             o = torch.empty_like(ref)
@@ -232,7 +250,7 @@ def latency_probe(args, classes, out: Path, t0: float) -> None:
                           "blocks_per_sm": blocks_per_sm(h.n_regs, v.num_warps, h.metadata.shared)}
             if not torch.equal(o, ref):
                 differ.append(name)
-        times = alternate(b, rs, {n: v for n, v in variants.items() if n in used})
+        times = alternate(b, rs, {n: v for n, v in variants(k.name, c).items() if n in used})
         rows.append(dict(shipped_row(k, b, (ctx, seqs, width), stock, c, times), builds=used, outputs_differ=differ))
         if differ:
             print(f"  OUTPUTS DIFFER from the shipped launch's: {', '.join(differ)}", flush=True)
