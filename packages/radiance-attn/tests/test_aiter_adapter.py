@@ -85,8 +85,10 @@ STOCK = {"kv_split": {"TILE_SIZE": 64, "NUM_SEGMENTS": 8},
          "attn_2d": {"BLOCK_M": 16, "TILE_SIZE": 32, "num_warps": 2, "num_stages": 1, "waves_per_eu": 6}}
 
 
-def _newer_module(tuned_flag: bool):
+def _newer_module(tuned_flag: bool, calls=None):
     def get_unified_attention_config(op, params, backend="triton", arch=None):
+        if calls is not None:
+            calls.append(op)
         cfg = copy.deepcopy(STOCK[op])
         return (cfg, False) if tuned_flag else cfg
 
@@ -103,8 +105,8 @@ def _params(width=7, seqs=1, kv=FP8, head=256, q_heads=16, kv_heads=2, **kw):
     return UAParams(**fields)
 
 
-def _lookup(tuned_flag=False):
-    mod = _newer_module(tuned_flag)
+def _lookup(tuned_flag=False, calls=None):
+    mod = _newer_module(tuned_flag, calls)
     table = tables.for_arch("gfx1201")
     assert aiter_adapter.patch_lookup_module(mod, "get_unified_attention_config", "gfx1201", table)
     assert not aiter_adapter.patch_lookup_module(mod, "get_unified_attention_config", "gfx1201", table)
@@ -168,3 +170,17 @@ def test_newer_lookup_keeps_gluon_configs_and_warns_once_on_unexpected_params(ca
         assert get("kv_split", odd) == STOCK["kv_split"]
         assert get("kv_split", odd) == STOCK["kv_split"]
     assert len([r for r in caplog.records if "AITER's own config kept" in r.message]) == 1
+
+
+def test_newer_lookup_decides_once_a_batch():
+    # AITER asks kv_split, attn_3d, reduce in turn: one policy decision, no second split lookup
+    calls = []
+    get = _lookup(calls=calls)
+    p = _params()
+    first = [get(op, p) for op in ("kv_split", "attn_3d", "reduce")]
+    assert calls == ["kv_split", "attn_3d", "reduce"]
+    # asked without kv_split first (another geometry), attn_3d reads AITER's split itself and the
+    # decision is the same one
+    other = _lookup(calls=calls)
+    calls.clear()
+    assert other("attn_3d", p) == first[1] and calls == ["attn_3d", "kv_split"]

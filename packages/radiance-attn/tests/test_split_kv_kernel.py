@@ -1,6 +1,7 @@
 """radiance's split-KV kernel: exact against the float64 reference, and its input checks."""
 
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -186,9 +187,46 @@ def test_table_ahead_lets_three_stages_double_buffer_kv_on_sm90():
     assert kv_buffers(table_ahead=True) == ["2", "2"]
 
 
-@pytest.mark.slow
-def test_register_cap_reaches_ptxas():
-    from triton.backends.compiler import GPUTarget
+class _Recorder:
+    """Stands in for a Triton kernel: records each launch's keyword arguments."""
 
-    ptx = _compile(GPUTarget("cuda", 90, 32), fp8=True, v_in_registers=True, max_registers=96).asm["ptx"]
-    assert ".maxnreg 96" in ptx
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return "build"
+
+        return launch
+
+
+def test_launch_hands_the_register_cap_and_table_ahead_to_the_main_kernel(monkeypatch):
+    partial, reduce = _Recorder(), _Recorder()
+    monkeypatch.setattr(split_kv_kernel, "_kernels", lambda: (partial, reduce))
+    q, k, v, out, ks, vs = _tensors()
+    cu, lens = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([100], dtype=torch.int32)
+    units = 4 * 8 * 16
+    scratch = (torch.empty(units * 64), torch.empty(units), torch.empty(units))
+    args = (q, k, v, out, cu, lens, torch.zeros(1, 8, dtype=torch.int32), 4, 0.125, ks, vs)
+    assert split_kv_kernel.launch(*args, replace(_launch(), max_registers=96, table_ahead=True), *scratch) == "build"
+    split_kv_kernel.launch(*args, _launch(), *scratch)
+    capped, plain = partial.launches
+    assert (capped["maxnreg"], capped["TABLE_AHEAD"]) == (96, True)
+    assert "maxnreg" not in plain and plain["TABLE_AHEAD"] is False
+    assert all("maxnreg" not in kw for kw in reduce.launches)  # the reduce keeps its own build
+
+
+def test_wrapper_hands_the_register_cap_to_vllms_kernel(kernel_module, monkeypatch):
+    from radiance.attn import tune
+    from radiance.attn.triton_launch import RadianceUnifiedAttention
+
+    runner = RadianceUnifiedAttention(kernel_module, arch="any", num_sms=1, table={})
+    recorder = _Recorder()  # swapped in after the wrapper checked the real kernel's signature
+    monkeypatch.setattr(kernel_module, "kernel_unified_attention", recorder)
+    monkeypatch.setattr(kernel_module, "reduce_segments", _Recorder())
+    b = tune.Bench(kernel_module, tune.CLASSES[1], max_tokens=256, device=torch.device("cpu"), rotate_bytes=0)
+    kw = b.radiance_kwargs(b.point(128, 1, 1)[0])
+    runner.launch(kw, policy.TritonLaunch(4, 16, 4, 64, 4, 2, "t", max_registers=96))
+    runner.launch(kw, policy.TritonLaunch(4, 16, 4, 64, 4, 2, "t"))
+    assert recorder.launches[0]["maxnreg"] == 96 and "maxnreg" not in recorder.launches[1]

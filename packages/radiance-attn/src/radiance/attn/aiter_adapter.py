@@ -88,6 +88,7 @@ class _State(threading.local):
     block_m: int | None = None
     logged: bool = False
     warned: bool = False
+    decision: tuple | None = None  # ((geometry, programs), policy decision) of the last 3D batch
 
     def warn_once(self, what: str) -> None:
         """A patched lookup that cannot apply the policy says so once, then keeps AITER's config."""
@@ -212,15 +213,28 @@ def patch_params_lookup(mod, lookup_name: str, arch: str, table: dict) -> bool:
     Why/Remove when: as for the selector API.
     What: ``kv_split`` gets the policy's tile and split count, ``attn_3d`` its warps, stages,
          waves and widened BLOCK_M, ``reduce`` its launch, ``attn_2d`` the prefill overlays, all
-         computed from ``params`` (so the three 3D calls of one batch agree: each recomputes the
-         same decision; ``attn_3d`` and ``reduce`` read AITER's own split from the unpatched
-         lookup). The Triton backend only: the Gluon kernels take other config keys.
+         from ``params``. AITER asks ``kv_split``, ``attn_3d`` and ``reduce`` in that order for one
+         batch: the decision is made once, at ``kv_split``, and kept for the two that follow (a
+         call without it first reads AITER's own split from the unpatched lookup). The Triton
+         backend only: the Gluon kernels take other config keys.
     """
     if getattr(mod, "_radiance_attn_wrapped", False):
         return False
     orig = getattr(mod, lookup_name)
     sig = inspect.signature(orig)
     state = _State()
+
+    def decide(geo, params, split, backend):
+        """(attn overlay, reduce overlay, BLOCK_M or None) for this batch, kept per thread."""
+        key = (geo, int(params.num_2d_prgms))
+        if split is None and state.decision is not None and state.decision[0] == key:
+            return state.decision[1]
+        if split is None:
+            split = _config_of(orig("kv_split", params, backend=backend))
+        stock = {"TILE_SIZE": int(split["TILE_SIZE"]), "NUM_SEGMENTS_PER_SEQ": int(split["NUM_SEGMENTS"])}
+        decision = policy.aiter_decode_3d(geo, stock, {}, key[1], table)
+        state.decision = (key, decision)
+        return decision
 
     def overlay(op, cfg, params, backend):
         geo = params_geometry(arch, params)
@@ -230,15 +244,12 @@ def patch_params_lookup(mod, lookup_name: str, arch: str, table: dict) -> bool:
             return policy.aiter_prefill_2d(geo, cfg, table)
         if op not in ("kv_split", "attn_3d", "reduce"):
             return cfg
-        split = cfg if op == "kv_split" else _config_of(orig("kv_split", params, backend=backend))
-        stock = {"TILE_SIZE": int(split["TILE_SIZE"]), "NUM_SEGMENTS_PER_SEQ": int(split["NUM_SEGMENTS"])}
-        attn, red, bm = policy.aiter_decode_3d(geo, dict(cfg, **stock) if op == "attn_3d" else stock,
-                                               cfg if op == "reduce" else {}, int(params.num_2d_prgms), table)
+        attn, red, bm = decide(geo, params, cfg if op == "kv_split" else None, backend)
         if op == "kv_split":
             return dict(cfg, TILE_SIZE=attn["TILE_SIZE"], NUM_SEGMENTS=attn["NUM_SEGMENTS_PER_SEQ"])
         if op == "reduce":
-            return {k: v for k, v in red.items() if k not in _PASSED_BESIDE}
-        out = {k: v for k, v in attn.items() if k not in _PASSED_BESIDE}
+            return dict(cfg, **{k: v for k, v in red.items() if k not in _PASSED_BESIDE})
+        out = dict(cfg, **{k: v for k, v in attn.items() if k not in _PASSED_BESIDE})
         if bm is not None:
             out["BLOCK_M"] = bm
         if not geo.all_decode and not state.logged:
