@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -263,3 +264,114 @@ def test_cache_root_precedence(monkeypatch, tmp_path):
     assert library.cache_root() == tmp_path / "xdg" / "radiance"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert library.cache_root() == Path.home() / ".cache" / "radiance"
+
+
+# --------------------------------------------------------------------------- prebuilt (wheel)
+
+
+@pytest.fixture
+def prebuilt(fake_gpu, tmp_path, monkeypatch):
+    """A tiny library built ahead of time into a prebuilt tree the loader looks in."""
+    src = _write(tmp_path / "src", GOOD)
+    fake_gpu(src)
+    root = tmp_path / "prebuilt"
+    monkeypatch.setattr(library, "PREBUILT_DIR", root)
+    out_dir = library.build_prebuilt(library.make_spec(NVCC, ARCH, library.source_files(src)), root)
+    return src, out_dir
+
+
+@needs_nvcc
+def test_prebuilt_library_serves_without_a_compiler(prebuilt, tmp_path, monkeypatch):
+    src, out_dir = prebuilt
+    assert out_dir == tmp_path / "prebuilt" / f"cuda-{ARCH}"
+    monkeypatch.setattr(library, "find_nvcc", lambda: None)
+    lib = library.get()
+    assert isinstance(lib, library.KernelLibrary) and lib.path == out_dir / library.LIB_NAME
+    assert library.why_not() is None
+    assert not (tmp_path / "cache" / "kernels").exists()  # nothing compiled, nothing cached
+
+
+@needs_nvcc
+@pytest.mark.parametrize("change", ["sources", "library", "abi", "arch", "switched_off"])
+def test_prebuilt_library_that_cannot_serve_falls_through_to_the_jit_build(prebuilt, tmp_path, monkeypatch,
+                                                                             change):
+    src, out_dir = prebuilt
+    meta = out_dir / "build.json"
+    record = json.loads(meta.read_text())
+    why = {"sources": "other sources", "library": "digest", "abi": "ABI", "arch": "ABI",
+           "switched_off": "RADIANCE_KERNELS_PREBUILT=0"}[change]
+    if change == "sources":  # the installed sources changed after the wheel was built
+        (src / "portable.h").write_text("// edited after the build\n")
+    elif change == "library":
+        with open(out_dir / library.LIB_NAME, "ab") as f:
+            f.write(b"\0")
+    elif change == "abi":
+        meta.write_text(json.dumps(dict(record, abi_version=library.ABI_VERSION - 1)))
+    elif change == "arch":
+        meta.write_text(json.dumps(dict(record, arch="89")))
+    else:
+        monkeypatch.setenv("RADIANCE_KERNELS_PREBUILT", "0")
+    path, reason = library.prebuilt_library("cuda", ARCH)
+    assert path is None and why in reason
+    lib = library.get()
+    assert lib is not None and lib.path.is_relative_to(tmp_path / "cache")  # built here instead
+
+
+def test_no_prebuilt_for_another_arch(tmp_path):
+    path, reason = library.prebuilt_library("cuda", "100a", root=tmp_path)
+    assert path is None and reason == "none shipped for cuda 100a"
+
+
+HATCHLING = subprocess.run([sys.executable, "-c", "import hatchling"], capture_output=True).returncode == 0
+
+
+def _wheel(tmp_path: Path, archs: str | None) -> Path:
+    """Build this package's wheel from a copy whose csrc is the tiny source."""
+    pkg = Path(__file__).resolve().parents[1]
+    tree = tmp_path / f"pkg-{archs}"
+    for name in ("pyproject.toml", "hatch_build.py", "README.md"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes((pkg / name).read_bytes())
+    shutil.copytree(pkg / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    _write(tree / "src" / "radiance" / "kernels" / "csrc", GOOD)
+    env = {k: v for k, v in os.environ.items() if k != "RADIANCE_KERNELS_AOT_ARCHS"}
+    if archs:
+        env["RADIANCE_KERNELS_AOT_ARCHS"] = archs
+    out = tmp_path / f"dist-{archs}"
+    proc = subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@needs_nvcc
+@pytest.mark.skipif(not HATCHLING, reason="needs hatchling")
+def test_wheel_carries_the_prebuilt_library_it_was_asked_for(tmp_path, monkeypatch):
+    import zipfile
+
+    wheel = _wheel(tmp_path, ARCH)
+    assert wheel.name.endswith(".whl") and "-py3-none-" in wheel.name and "-any.whl" not in wheel.name
+    root = tmp_path / "installed"
+    zipfile.ZipFile(wheel).extractall(root)
+    kernels = root / "radiance" / "kernels"
+    shipped = kernels / "prebuilt" / f"cuda-{ARCH}"
+    assert sorted(p.name for p in shipped.iterdir()) == ["build.json", library.LIB_NAME]
+    (wheel_meta,) = root.glob("*.dist-info/WHEEL")
+    assert "Root-Is-Purelib: false" in wheel_meta.read_text()  # a binary: platlib
+    # As installed: the wheel's own sources match the record, and the library loads.
+    monkeypatch.setattr(library, "CSRC_DIR", kernels / "csrc")
+    path, reason = library.prebuilt_library("cuda", ARCH, root=kernels / "prebuilt")
+    assert path == shipped / library.LIB_NAME, reason
+    assert library.KernelLibrary(path).error_string(1) == "tiny failure"
+
+    plain = _wheel(tmp_path, None)  # nothing asked for: a pure-Python wheel, no prebuilt tree
+    assert plain.name.endswith("-py3-none-any.whl")
+    assert not any("prebuilt" in n for n in zipfile.ZipFile(plain).namelist())
+
+
+@needs_nvcc
+@pytest.mark.skipif(not HATCHLING, reason="needs hatchling")
+def test_wheel_build_fails_for_an_arch_that_does_not_build(tmp_path):
+    with pytest.raises(AssertionError, match="nvcc failed"):
+        _wheel(tmp_path, "bogus")

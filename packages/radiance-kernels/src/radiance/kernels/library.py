@@ -12,6 +12,12 @@ makes concurrent test workers and tensor-parallel ranks build once. A cached lib
 only when it and its record are owned by the current user and the record's source hash and
 library digest match; anything else is rebuilt, never loaded.
 
+A wheel built with ``RADIANCE_KERNELS_AOT_ARCHS`` set (``hatch_build.py``) carries libraries
+built ahead of time under ``prebuilt/<vendor>-<arch>/``; on a GPU of one of those arches the
+library is loaded from there, with no compiler, when its record names these exact sources and
+this ABI and its digest matches (``RADIANCE_KERNELS_PREBUILT=0`` skips them). Anything else
+falls through to the JIT build.
+
 A failed build is logged once with the compiler's message, the ops fall back to the reference
 and the registry says why; ``RADIANCE_STRICT=1`` raises instead.
 """
@@ -40,6 +46,7 @@ ABI_VERSION = 6  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM;
 LIB_NAME = "libradiance_kernels.so"
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant", "block_fp8_mm")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
+PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 _SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp")
 _COMMON_FLAGS = ("-O3", "-std=c++17")
 
@@ -109,6 +116,11 @@ class Toolchain:
     version: str
     flags: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def vendor(self) -> str:
+        """The ``device_arch`` vendor this compiler builds for."""
+        return "cuda" if self.kind == "nvcc" else "hip"
 
     def arch_flags(self, arch: str) -> list[str]:
         if self.kind == "nvcc":
@@ -249,6 +261,20 @@ def _cached_ok(lib: Path, meta: Path, spec: BuildSpec) -> str | None:
     return None
 
 
+def _record(spec: BuildSpec, lib: Path) -> dict:
+    """What ``build.json`` says of a library: checked before it is ever loaded."""
+    return {
+        "source_hash": spec.src_hash,
+        "lib_sha256": _file_digest(lib),
+        "arch": spec.arch,
+        "compiler": spec.toolchain.path,
+        "compiler_version": spec.toolchain.version,
+        "flags": list(spec.toolchain.flags),
+        "sources": [p.name for p in spec.sources],
+        "abi_version": ABI_VERSION,
+    }
+
+
 def _run(cmd: list[str], spec: BuildSpec) -> None:
     env = dict(os.environ, **dict(spec.toolchain.env))
     try:
@@ -313,21 +339,57 @@ def build(spec: BuildSpec, cache: Path | None = None) -> Path:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        record = {
-            "source_hash": spec.src_hash,
-            "lib_sha256": _file_digest(lib),
-            "arch": spec.arch,
-            "compiler": spec.toolchain.path,
-            "compiler_version": spec.toolchain.version,
-            "flags": list(spec.toolchain.flags),
-            "sources": [p.name for p in spec.sources],
-            "abi_version": ABI_VERSION,
-        }
         tmp_meta = out_dir / ".build.json.tmp"
-        tmp_meta.write_text(json.dumps(record, indent=1))
+        tmp_meta.write_text(json.dumps(_record(spec, lib), indent=1))
         _replace_foreign(meta)
         os.replace(tmp_meta, meta)
     return lib
+
+
+# --------------------------------------------------------------------------- ahead of time
+
+
+def build_prebuilt(spec: BuildSpec, root: Path) -> Path:
+    """Compile ``spec`` into ``root/<vendor>-<arch>/`` with its ``build.json`` (the wheel build
+    hook's step; the directory goes into the wheel as ``radiance/kernels/prebuilt/``)."""
+    if not any(p.suffix == ".cu" for p in spec.sources):
+        raise BuildError("no kernel sources (*.cu) to build")
+    out_dir = root / f"{spec.toolchain.vendor}-{spec.arch}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / LIB_NAME
+    _compile(spec, lib)
+    (out_dir / "build.json").write_text(json.dumps(_record(spec, lib), indent=1))
+    return out_dir
+
+
+def prebuilt_arches(root: Path | None = None) -> list[str]:
+    """The ``<vendor>-<arch>`` libraries this install carries prebuilt (usable or not)."""
+    root = PREBUILT_DIR if root is None else root
+    return sorted(d.name for d in root.iterdir() if (d / LIB_NAME).is_file()) if root.is_dir() else []
+
+
+def prebuilt_library(vendor: str, arch: str, root: Path | None = None) -> tuple[Path | None, str]:
+    """(the shipped library for this GPU, "") or (None, why it cannot serve). It serves only
+    when its record names these sources, this arch and ABI, and its digest matches: a wheel
+    whose sources were changed after the build, or a damaged file, falls through to the JIT."""
+    if os.environ.get("RADIANCE_KERNELS_PREBUILT", "1") == "0":
+        return None, "RADIANCE_KERNELS_PREBUILT=0"
+    out_dir = (PREBUILT_DIR if root is None else root) / f"{vendor}-{arch}"
+    lib, meta = out_dir / LIB_NAME, out_dir / "build.json"
+    if not lib.is_file() or not meta.is_file():
+        return None, f"none shipped for {vendor} {arch}"
+    try:
+        record = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable build record ({exc})"
+    if record.get("abi_version") != ABI_VERSION or record.get("arch") != arch:
+        return None, (f"built for ABI {record.get('abi_version')} / {record.get('arch')}, "
+                      f"not {ABI_VERSION} / {arch}")
+    if record.get("source_hash") != source_hash(source_files()):
+        return None, "built from other sources than the installed ones"
+    if record.get("lib_sha256") != _file_digest(lib):
+        return None, "library digest does not match its build record"
+    return lib, ""
 
 
 # --------------------------------------------------------------------------- the C ABI
@@ -452,6 +514,18 @@ def get(device_index: int = 0) -> KernelLibrary | None:
             if strict():
                 raise BuildError(_failed[arch_key])
             return None
+        shipped, why = prebuilt_library(vendor, arch)
+        if shipped is not None:
+            try:
+                lib = KernelLibrary(shipped)
+            except (BuildError, OSError) as exc:
+                logger.warning("radiance's prebuilt kernels for %s do not load (%s); building them", arch, exc)
+            else:
+                _loaded[arch_key] = lib
+                logger.info("radiance kernels loaded for %s from the prebuilt %s", arch, shipped)
+                return lib
+        elif not why.startswith("none shipped"):
+            logger.info("radiance's prebuilt kernels for %s not used: %s", arch, why)
         toolchain = find_hipcc() if vendor == "hip" else find_nvcc()
         if toolchain is None:
             hint = ("hipcc not found (set ROCM_PATH)" if vendor == "hip" else

@@ -102,6 +102,14 @@ def _status(args: argparse.Namespace) -> int:
         print(f"torch: {torch.__version__}; GPU: {gpu}")
     except Exception as exc:  # noqa: BLE001
         print(f"torch: not importable ({exc})")
+    try:
+        from radiance.kernels import library
+
+        shipped = library.prebuilt_arches()
+        print(f"kernel libraries: {'prebuilt for ' + ', '.join(shipped) if shipped else 'none prebuilt'}"
+              "; other GPUs build on first use")
+    except ImportError as exc:
+        print(f"kernel libraries: radiance-kernels not importable ({exc})")
     from radiance.plugin.flags import FLAGS
 
     print("flags:")

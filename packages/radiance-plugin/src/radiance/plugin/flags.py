@@ -25,6 +25,9 @@ FLAGS: tuple[Flag, ...] = (
          "root of the per-user kernel cache (libraries under kernels/); private, never shared"),
     Flag("RADIANCE_STRICT", "0", "kernels",
          "1: a kernel build failure or a missing compiler raises instead of falling back"),
+    Flag("RADIANCE_KERNELS_PREBUILT", "1", "kernels",
+         "0: ignore kernel libraries a wheel carries prebuilt (RADIANCE_KERNELS_AOT_ARCHS at its "
+         "build) and build on first use"),
     Flag("RADIANCE_GEMM_PROVIDER", "(unset)", "gemm",
          "force one block-FP8 GEMM provider for every M it serves (e.g. triton_splitk for "
          "M <= 16, the normal route above); an unknown name raises"),
