@@ -10,7 +10,7 @@ def test_status_names_every_flag_and_the_prebuilt_libraries(capsys, monkeypatch,
     monkeypatch.setenv("RADIANCE_STRICT", "1")
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
-    assert "kernel libraries: none prebuilt; other GPUs build on first use" in out
+    assert "kernel libraries: none prebuilt; built for the GPU on first use" in out
     assert all(f.name in out for f in FLAGS)
     assert "RADIANCE_STRICT" in out and [ln for ln in out.splitlines() if "RADIANCE_STRICT" in ln][0].split()[-1] == "1"
 

@@ -106,8 +106,8 @@ def _status(args: argparse.Namespace) -> int:
         from radiance.kernels import library
 
         shipped = library.prebuilt_arches()
-        print(f"kernel libraries: {'prebuilt for ' + ', '.join(shipped) if shipped else 'none prebuilt'}"
-              "; other GPUs build on first use")
+        print("kernel libraries: " + (f"prebuilt for {', '.join(shipped)}; other GPUs build them on first use"
+                                      if shipped else "none prebuilt; built for the GPU on first use"))
     except ImportError as exc:
         print(f"kernel libraries: radiance-kernels not importable ({exc})")
     from radiance.plugin.flags import FLAGS
