@@ -375,3 +375,28 @@ def test_wheel_carries_the_prebuilt_library_it_was_asked_for(tmp_path, monkeypat
 def test_wheel_build_fails_for_an_arch_that_does_not_build(tmp_path):
     with pytest.raises(AssertionError, match="nvcc failed"):
         _wheel(tmp_path, "bogus")
+
+
+def test_hipcc_is_told_the_language_when_compiling_not_when_linking(tmp_path):
+    tc = library.Toolchain("hipcc", "hipcc", "v", (), (("HIP_PLATFORM", "amd"),))
+    compile_ = tc.compile_command(Path("k.cu"), "gfx942", Path("k.o"))
+    assert compile_[compile_.index("-x"):compile_.index("-x") + 3] == ["-x", "hip", "k.cu"]
+    assert "--offload-arch=gfx942" in compile_
+    link = tc.link_command([Path("a.o"), Path("b.o")], "gfx942", Path("lib.so"))
+    assert "-x" not in link and "--offload-arch=gfx942" in link and "-shared" in link
+
+
+def test_hipcc_version_is_its_own_under_the_build_environment(tmp_path):
+    fake = tmp_path / "hipcc"
+    fake.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        if [ "$HIP_PLATFORM" = amd ]; then
+          printf 'HIP version: 6.2.1\\nAMD clang version 18.0.0\\nTarget: x86_64\\nInstalledDir: /x\\n'
+          echo 'Traceback: no /sys/class/kfd' >&2
+        else
+          printf 'nvcc: NVIDIA (R) Cuda compiler driver\\nCuda compilation tools, release 13.0\\n'
+        fi
+    """))
+    fake.chmod(0o755)
+    assert library._version(str(fake), (("HIP_PLATFORM", "amd"),)) == "HIP version: 6.2.1 | AMD clang version 18.0.0"
+    assert "Cuda" in library._version(str(fake))

@@ -1,7 +1,7 @@
-"""Every kernel source compiles for NVIDIA (sm_90a) and AMD RDNA (gfx1030), with no GPU present.
+"""The kernel library builds for NVIDIA (sm_90a) and AMD RDNA (gfx1030), with no GPU present.
 
 This is the CPU machines' guard against a kernel that no longer builds: tools/compile_check.py
-runs nvcc and hipcc on each source. Where a compiler is missing the check is skipped with the
+runs the JIT build's nvcc and hipcc commands on each source, then links the library. Where a compiler is missing the check is skipped with the
 reason, unless RADIANCE_REQUIRE_COMPILERS=1 (set by CI), where a missing compiler fails.
 """
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Compile every kernel source, without running anything: CUDA for sm_90a and, when hipcc is
-installed, HIP for an RDNA target (gfx1030). Exits non-zero on any compiler error.
+"""Build the kernel library, without running anything: CUDA for sm_90a and, when hipcc is
+installed, HIP for an RDNA target (gfx1030). Exits non-zero on any compiler or linker error.
 
-Each .cu is compiled on its own (``-c``) so an error names its file; headers are checked
-through the sources that include them. hipcc is run with ``HIP_PLATFORM=amd``: its NVIDIA-side
+The commands are the JIT build's (``library.Toolchain``). Each .cu is compiled on its own
+(``-c``) so an error names its file, then the objects are linked; headers are checked through
+the sources that include them. hipcc is run with ``HIP_PLATFORM=amd``: its NVIDIA-side
 headers do not build against CUDA 13, and the kernels map straight to CUDA on NVIDIA anyway.
 
 Usage: python tools/compile_check.py [--cuda-arch 90a] [--hip-arch gfx1030] [--no-hip | --no-cuda]
@@ -38,6 +39,16 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> bool:
     return res.returncode == 0
 
 
+def _build(tc: library.Toolchain, arch: str, sources: list[Path], tmp: Path) -> bool:
+    """The library build's own commands: each source on its own, then the link into the shared
+    library (which reads the objects, so its flags are checked too)."""
+    tmp.mkdir()
+    env = dict(tc.env)
+    objects = [tmp / f"{src.stem}.o" for src in sources]
+    ok = all([_run(tc.compile_command(src, arch, obj), env=env) for src, obj in zip(sources, objects)])
+    return ok and _run(tc.link_command(objects, arch, tmp / library.LIB_NAME), env=env)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cuda-arch", default="90a")
@@ -60,18 +71,12 @@ def main() -> int:
             print("nvcc not found (set CUDA_HOME, put nvcc on PATH or install radiance-kernels[cuda])")
             ok = False
         else:
-            for src in sources:
-                ok &= _run([nvcc.path, *nvcc.arch_flags(args.cuda_arch), "-O3", "-std=c++17",
-                            "-Xcompiler", "-fPIC", *nvcc.flags, "-c", str(src),
-                            "-o", str(Path(tmp, src.stem + ".cuda.o"))])
+            ok &= _build(nvcc, args.cuda_arch, sources, Path(tmp, "cuda"))
         hipcc = None if args.no_hip else library.find_hipcc()
         if hipcc is None:
             print("hipcc not found: HIP compile skipped" if not args.no_hip else "HIP compile skipped")
         else:
-            for src in sources:
-                ok &= _run([hipcc.path, *hipcc.arch_flags(args.hip_arch), "-O3", "-std=c++17",
-                            "-fPIC", "-c", str(src), "-o", str(Path(tmp, src.stem + ".hip.o"))],
-                           env=dict(hipcc.env))
+            ok &= _build(hipcc, args.hip_arch, sources, Path(tmp, "hip"))
     print("compile check: " + ("OK" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -125,25 +125,35 @@ class Toolchain:
     def arch_flags(self, arch: str) -> list[str]:
         if self.kind == "nvcc":
             return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
-        return ["-x", "hip", f"--offload-arch={arch}"]
+        return [f"--offload-arch={arch}"]
 
     def _base(self, arch: str) -> list[str]:
         pic = ["-Xcompiler", "-fPIC"] if self.kind == "nvcc" else ["-fPIC"]
         return [self.path, *self.arch_flags(arch), *_COMMON_FLAGS, *pic, *self.flags]
 
     def compile_command(self, source: Path, arch: str, obj: Path) -> list[str]:
-        return [*self._base(arch), "-c", str(source), "-o", str(obj)]
+        # hipcc takes a .cu for CUDA unless told the language; the link step must not be told
+        # (it would read the objects as HIP source).
+        lang = ["-x", "hip"] if self.kind == "hipcc" else []
+        return [*self._base(arch), "-c", *lang, str(source), "-o", str(obj)]
 
     def link_command(self, objects: Sequence[Path], arch: str, out: Path) -> list[str]:
         return [*self._base(arch), "-shared", *map(str, objects), "-o", str(out)]
 
 
-def _version(path: str) -> str:
+def _version(path: str, env: tuple[tuple[str, str], ...] = ()) -> str:
+    """The compiler's identity for the cache key: nvcc's last two lines (release, build); for
+    hipcc its HIP and clang version lines. Run with the build's environment, so hipcc reports
+    the platform it builds for (on a machine that also has nvcc it would print nvcc's), and read
+    from stdout (hipcc may also print a GPU probe's failure on stderr)."""
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, **dict(env)))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unknown ({exc})"
-    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    if any(ln.startswith("HIP version") for ln in lines):
+        lines = [ln for ln in lines if "version" in ln.lower()]
     return " | ".join(lines[-2:]) if lines else "unknown"
 
 
@@ -200,8 +210,8 @@ def find_hipcc() -> Toolchain | None:
     cands.append(Path("/opt/rocm/bin/hipcc"))
     for cand in cands:
         if cand.is_file() and os.access(cand, os.X_OK):
-            return Toolchain("hipcc", str(cand), _version(str(cand)), (),
-                             (("HIP_PLATFORM", "amd"),))
+            env = (("HIP_PLATFORM", "amd"),)
+            return Toolchain("hipcc", str(cand), _version(str(cand), env), (), env)
     return None
 
 
