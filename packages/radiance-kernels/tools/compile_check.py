@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Build the kernel library, without running anything: CUDA for sm_90a and, when hipcc is
-installed, HIP for an RDNA target (gfx1030). Exits non-zero on any compiler or linker error.
+installed, HIP for an RDNA target (gfx1030). Exits non-zero on any compiler or linker error
+or a library that does not load.
 
 The commands are the JIT build's (``library.Toolchain``). Each .cu is compiled on its own
-(``-c``) so an error names its file, then the objects are linked; headers are checked through
-the sources that include them. hipcc is run with ``HIP_PLATFORM=amd``: its NVIDIA-side
+(``-c``) so an error names its file, then the objects are linked and the library is loaded
+with ctypes (host side only: every ABI function present, the ABI version); headers are checked
+through the sources that include them. hipcc is run with ``HIP_PLATFORM=amd``: its NVIDIA-side
 headers do not build against CUDA 13, and the kernels map straight to CUDA on NVIDIA anyway.
 
 Usage: python tools/compile_check.py [--cuda-arch 90a] [--hip-arch gfx1030] [--no-hip | --no-cuda]
@@ -41,12 +43,22 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> bool:
 
 def _build(tc: library.Toolchain, arch: str, sources: list[Path], tmp: Path) -> bool:
     """The library build's own commands: each source on its own, then the link into the shared
-    library (which reads the objects, so its flags are checked too)."""
+    library (which reads the objects, so its flags are checked too); then the library is loaded
+    as the ops load it, which needs no GPU: every C function bound and the ABI version checked."""
     tmp.mkdir()
     env = dict(tc.env)
     objects = [tmp / f"{src.stem}.o" for src in sources]
+    lib = tmp / library.LIB_NAME
     ok = all([_run(tc.compile_command(src, arch, obj), env=env) for src, obj in zip(sources, objects)])
-    return ok and _run(tc.link_command(objects, arch, tmp / library.LIB_NAME), env=env)
+    if not (ok and _run(tc.link_command(objects, arch, lib), env=env)):
+        return False
+    try:
+        library.KernelLibrary(lib)
+    except (library.BuildError, OSError, AttributeError) as exc:  # AttributeError: a missing symbol
+        print(f"FAILED to load {lib.name} built for {arch}: {exc}", flush=True)
+        return False
+    print(f"{tc.kind} {arch}: library built and loaded, ABI version {library.ABI_VERSION}", flush=True)
+    return True
 
 
 def main() -> int:
