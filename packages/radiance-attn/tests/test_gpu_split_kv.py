@@ -73,15 +73,19 @@ def test_matches_reference(kv, head, q_heads, kv_heads, width, block_m, tile, wa
 @pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
 @pytest.mark.parametrize("width, block_m, tile, warps", [(1, 16, 64, 4), (1, 16, 32, 1), (4, 32, 32, 2),
                                                          (9, 128, 64, 8)])
-@pytest.mark.parametrize("stages, table_ahead, max_registers", [(2, True, None), (3, True, None), (2, False, 96),
-                                                                (2, True, 96)])
+@pytest.mark.parametrize("stages, table_ahead, capped", [(2, True, False), (3, True, False), (2, False, True),
+                                                         (2, True, True)])
 def test_latency_options_change_no_bit(kv, head, q_heads, kv_heads, width, block_m, tile, warps, stages, table_ahead,
-                                       max_registers):
+                                       capped):
     """The block table one tile ahead and a register cap move loads and spills, not arithmetic: the
     output is the same launch's without them, bit for bit (test_matches_reference checks its accuracy)."""
     group = q_heads // kv_heads
     if block_m < width * group:
         pytest.skip("block narrower than a sequence's rows")
+    if (head, block_m, kv, stages) == (256, 128, "bf16", 3):
+        pytest.skip("two bf16 K/V buffers of 64 x 256 beside a 128-row query block exceed the H200's shared memory")
+    # the 128-row block's warpgroup dots need 158 registers a thread (ptxas); 96 elsewhere
+    max_registers = (168 if block_m == 128 else 96) if capped else None
     args = _inputs(kv, head, q_heads, kv_heads, width, 1.0, 7 * head + width)
     q, k, v, cu, lens, bt, _, _, k_scale, v_scale = args
     plain = policy.TritonLaunch(64, block_m, max(1, block_m // group), tile, warps, stages, "t", kernel="radiance")

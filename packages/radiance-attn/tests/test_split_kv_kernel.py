@@ -120,6 +120,50 @@ def test_decision_keeps_a_geometry_the_kernel_cannot_run_on_vllms_kernel(kernel_
     assert launch.kernel == "vllm" and launch.num_segments > 1 and "bf16 KV with fp16 queries" in reason
 
 
+def test_a_launch_that_does_not_build_here_goes_to_stock_from_then_on(kernel_module, monkeypatch, caplog):
+    """A table's launch this GPU cannot build (Triton raises while building, before any kernel
+    runs): the call and every later one of that build go to the stock wrapper, built once."""
+    import logging
+
+    from radiance.attn import triton_launch, tune
+    from radiance.attn.triton_launch import RadianceUnifiedAttention
+
+    PTXASError = pytest.importorskip("triton.runtime.errors").PTXASError
+    stock_calls, builds = [], []
+    rule = tune._rule(16, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w4s2")
+    r = RadianceUnifiedAttention(kernel_module, stock=lambda **kw: stock_calls.append(kw["max_seqlen_k"]),
+                                 arch="sm_90", num_sms=132, table={"arch": "sm_90", "triton": {"default": rule,
+                                                                                              "classes": []}})
+
+    def launch(*args, **kwargs):
+        builds.append(1)
+        raise PTXASError("ptxas fatal   : (C7602) Insufficient registers (96) to compile instruction")
+
+    monkeypatch.setattr(triton_launch.split_kv_kernel, "launch", launch)
+
+    def call(ctx):
+        kw = dict(_call(), cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32), max_seqlen_q=1,
+                  seqused_k=torch.tensor([ctx], dtype=torch.int32), max_seqlen_k=ctx, softmax_scale=0.125,
+                  causal=True, window_size=(-1, -1), block_table=torch.zeros(1, 64, dtype=torch.int32),
+                  softmax_segm_output=torch.empty(8 * 256 * 64), softmax_segm_max=torch.empty(8 * 256),
+                  softmax_segm_expsum=torch.empty(8 * 256))
+        kw["q"] = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
+        return r(**kw)
+
+    with caplog.at_level(logging.WARNING, logger=triton_launch.logger.name):
+        call(900)
+        call(901)  # another geometry, the same build
+    assert stock_calls == [900, 901] and len(builds) == 1
+    assert "does not build here" in r.last_decision[2]
+    (warning,) = [m for m in caplog.messages if "does not build on this GPU" in m]
+    assert "PTXASError" in warning and "Insufficient registers" in warning
+    # Other errors are not build failures: they still surface.
+    r._unbuildable.clear()
+    monkeypatch.setattr(triton_launch.split_kv_kernel, "launch", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        call(900)
+
+
 def _compile(target, fp8: bool, v_in_registers: bool, head=128, group=4, block_m=16, tile=64, warps=4, stages=2,
              table_ahead=False, max_registers=None):
     """Build the main kernel for ``target`` as the runtime would (16-byte divisible pointers and

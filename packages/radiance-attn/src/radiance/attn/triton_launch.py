@@ -111,6 +111,28 @@ def detect_arch(device=None) -> str | None:
     return f"sm_{props.major}{props.minor}"
 
 
+def build_errors() -> tuple[type[BaseException], ...]:
+    """Triton's errors for a launch that does not build on this GPU (more shared memory than it
+    has, a register cap below what the dots need, a compile error). They are raised while the
+    kernel is built, before it runs: the call can still go to the stock wrapper."""
+    import importlib
+
+    found = []
+    for module, name in (("triton.runtime.errors", "OutOfResources"), ("triton.runtime.errors", "PTXASError"),
+                         ("triton.compiler.errors", "CompilationError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def _build_key(geo: policy.Geometry, launch: policy.TritonLaunch) -> tuple:
+    """What a launch's build depends on (its segment count and grid do not change the build)."""
+    return (geo.arch, geo.q_dtype, geo.kv_dtype, geo.head_size, geo.q_per_kv, geo.block_size,
+            replace(launch, num_segments=2 if launch.is_3d else 1, reason=""))
+
+
 class RadianceUnifiedAttention:
     """Drop-in for vLLM's ``unified_attention`` wrapper (same signature)."""
 
@@ -131,6 +153,10 @@ class RadianceUnifiedAttention:
         # every step and the policy costs ~10 us of Python a call; the layers of one step share a
         # geometry, so all but the first are a dict lookup.
         self._launches: dict[policy.Geometry, policy.TritonLaunch | None] = {}
+        # Launch builds that failed here (_build_key -> why): their geometries go to the stock
+        # wrapper from then on, without building again.
+        self._unbuildable: dict[tuple, str] = {}
+        self._build_errors = build_errors()
         self._lock = threading.Lock()
         self.last_decision: tuple[policy.Geometry | None, policy.TritonLaunch | None, str] | None = None
 
@@ -215,6 +241,9 @@ class RadianceUnifiedAttention:
             self._launches[geo] = launch
         if launch is None:
             return geo, None, "stock: policy keeps the stock launch"
+        why = self._unbuildable.get(_build_key(geo, launch))
+        if why is not None:
+            return geo, None, f"stock: {launch.describe()} does not build here ({why})"
         return geo, launch, launch.reason
 
     # -- the call ------------------------------------------------------------------------------
@@ -239,7 +268,18 @@ class RadianceUnifiedAttention:
         self._log_first(kwargs, geo, launch, reason)
         if launch is None:
             return self.stock(**kwargs)
-        self.launch(kwargs, launch)
+        try:
+            self.launch(kwargs, launch)
+        except self._build_errors as exc:
+            # A table (a user's RADIANCE_ATTN_TABLE, or one fitted on another GPU of the arch)
+            # can name a launch this GPU cannot build; the output is untouched until the
+            # kernels run, so stock computes the call.
+            why = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            self._unbuildable[_build_key(geo, launch)] = f"{type(exc).__name__}: {why}"
+            logger.warning("radiance-attn: %s does not build on this GPU (%s: %s); those batches run the "
+                           "stock wrapper", launch.describe(), type(exc).__name__, why)
+            self.last_decision = (geo, None, f"stock: {launch.describe()} does not build here")
+            return self.stock(**kwargs)
         return None
 
     def _log_first(self, kw, geo, launch, reason) -> None:
