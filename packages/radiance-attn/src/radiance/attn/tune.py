@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from radiance.attn import kernel_source, policy, tables
-from radiance.attn.triton_launch import RadianceUnifiedAttention, detect_arch
+from radiance.attn.triton_launch import RadianceUnifiedAttention, build_errors, detect_arch
 
 COPY_BW = 4.25e12  # bytes/s, H200 copy rate measured here
 L2_ROTATE_BYTES = 160 << 20  # rotate KV through > 3x the H200's 50 MB L2 where the size allows
@@ -64,18 +64,24 @@ BASE_SHAPES = {
     "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
     "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"},
     "rk_t32w1s2": {"tile": 32, "warps": 1, "stages": 2, "kernel": "radiance"},
+    "rk_t32w2s2_ta": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "table_ahead": True},
+    "rk_t64w4s3_ta": {"tile": 64, "warps": 4, "stages": 3, "kernel": "radiance", "table_ahead": True},
 }
 WIDE_SHAPES = {
     32: {"t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
-         "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"}},
+         "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"},
+         "rk_t64w4s2_ta": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
+         "rk_t32w2s2_r128": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "registers": 128}},
     64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
-         "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"}},
+         "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"},
+         "rk_t128w4s2_ta": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True}},
     128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
           "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
-          "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"}},
+          "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"},
+          "rk_t64w8s3_ta": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance", "table_ahead": True}},
 }
 
 
@@ -323,14 +329,19 @@ def _precompile_task(args):
     device = torch.device("cuda")
     b = Bench(module, k, max_tokens=2 * 512, device=device, rotate_bytes=0)
     runner = RadianceUnifiedAttention(module, arch="any", num_sms=1, table={})
+    unbuilt = []
     for launch in launches:
         for seqs in (1, 2):
             for kw in b.point(512, seqs, width)[:1]:
-                runner.launch(b.radiance_kwargs(kw), policy.TritonLaunch(**launch))
+                try:
+                    runner.launch(b.radiance_kwargs(kw), policy.TritonLaunch(**launch))
+                except build_errors() as exc:  # the sweep skips it (main)
+                    unbuilt.append(f"{launch}: {type(exc).__name__}")
+                    continue
                 if launch["num_segments"] == 1 and launch["block_m"] == policy.stock_block_m(k.num_query_heads // k.num_kv_heads):
                     module.unified_attention(**b.stock_kwargs(kw, module.RADIANCE_MANIFEST))
     torch.cuda.synchronize()
-    return ""
+    return "; ".join(unbuilt)
 
 
 def precompile(src: str, work: list, jobs: int, launches=None) -> float:
@@ -532,6 +543,7 @@ def main(argv=None) -> int:
         print(f"precompiled in {precompile(str(args.kernel_src), work, args.jobs):.0f}s")
 
     points, skipped = [], 0
+    unbuilt: dict[tuple, str] = {}  # (class, build) that does not build on this GPU: left out
     by_class = {}
     for k, ctx, seqs, width in work:
         if time.time() - t_start > args.budget_s:
@@ -548,8 +560,15 @@ def main(argv=None) -> int:
         runner = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table={})
         cands = {}
         for c in candidate_launches(k, ctx, seqs, width):
+            # radiance's kernel takes the segment count at run time: one build serves every count
+            build = (k.name, _key(c if c.kernel != "radiance" else dataclasses.replace(c, num_segments=0)))
+            if build in unbuilt:
+                continue
             rs = [b.radiance_kwargs(kw) for kw in sets]
-            cands[_key(c)] = time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
+            try:  # the eager warm-up call builds the kernel, before any graph capture
+                cands[_key(c)] = time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
+            except build_errors() as exc:
+                unbuilt[build] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
         best_key = min(cands, key=cands.get)
         points.append({"class": k.name, "head_size": k.head_size, "num_query_heads": k.num_query_heads,
                        "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype, "ctx": ctx, "seqs": seqs,
@@ -559,6 +578,9 @@ def main(argv=None) -> int:
               f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
     if skipped:
         print(f"budget {args.budget_s:.0f}s reached: {skipped} points not measured")
+    for (name, key), why in sorted(unbuilt.items()):
+        print(f"not built here, left out: {name} {key} ({why})")
+    meta["unbuilt"] = {f"{name} {key}": why for (name, key), why in sorted(unbuilt.items())}
     points += merged
     classes = classes_all
 
