@@ -241,9 +241,10 @@ class RadianceUnifiedAttention:
             self._launches[geo] = launch
         if launch is None:
             return geo, None, "stock: policy keeps the stock launch"
-        why = self._unbuildable.get(_build_key(geo, launch))
-        if why is not None:
-            return geo, None, f"stock: {launch.describe()} does not build here ({why})"
+        if self._unbuildable:  # empty unless a build failed: no key to make on the hot path
+            why = self._unbuildable.get(_build_key(geo, launch))
+            if why is not None:
+                return geo, None, f"stock: {launch.describe()} does not build here ({why})"
         return geo, launch, launch.reason
 
     # -- the call ------------------------------------------------------------------------------

@@ -344,6 +344,12 @@ def _precompile_task(args):
     return "; ".join(unbuilt)
 
 
+def _build_group(c: policy.TritonLaunch) -> str:
+    """Candidates one build serves: radiance's kernel takes the segment count at run time, vLLM's
+    as a constexpr (a build per count)."""
+    return _key(c if c.kernel != "radiance" else dataclasses.replace(c, num_segments=0))
+
+
 def precompile(src: str, work: list, jobs: int, launches=None) -> float:
     """Compile every distinct launch of ``work`` in parallel processes; returns seconds spent.
     ``launches(k, ctx, seqs, width)``: the launches of a point (default: every candidate).
@@ -356,7 +362,7 @@ def precompile(src: str, work: list, jobs: int, launches=None) -> float:
     tasks = {}
     for k, ctx, seqs, width in work:
         for c in (launches or candidate_launches)(k, ctx, seqs, width):
-            group = _key(c if c.kernel != "radiance" else dataclasses.replace(c, num_segments=0))
+            group = _build_group(c)
             task = tasks.setdefault((k.name, group), (src, asdict(k), {}, width))
             task[2][_key(c)] = {f: getattr(c, f) for f in _LAUNCH_FIELDS}
     if jobs <= 1 or not tasks:
@@ -560,8 +566,7 @@ def main(argv=None) -> int:
         runner = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table={})
         cands = {}
         for c in candidate_launches(k, ctx, seqs, width):
-            # radiance's kernel takes the segment count at run time: one build serves every count
-            build = (k.name, _key(c if c.kernel != "radiance" else dataclasses.replace(c, num_segments=0)))
+            build = (k.name, _build_group(c))
             if build in unbuilt:
                 continue
             rs = [b.radiance_kwargs(kw) for kw in sets]
