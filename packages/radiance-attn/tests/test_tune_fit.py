@@ -9,13 +9,13 @@ KLASS = tune.CLASSES[0]  # head 256, 2 KV heads, bf16
 GRID = {"ctx": (4096, 32768, 131072), "seqs": (1, 2, 8), "width": (1, 2, 4, 9)}
 
 
-def _truth():
-    return tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w8s2", {32: "t64w4s2", 64: "t32w4", 128: "rk_t64w8s2"},
-                      {128: 0.5})
+def _truth(wide_32="t64w4s2", wide_scales=None):
+    return tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w8s2", {32: wide_32, 64: "t32w4", 128: "rk_t64w8s2"},
+                      {128: 0.5} if wide_scales is None else wide_scales)
 
 
-def _points():
-    truth = {"arch": "sm_90", "triton": {"default": _truth(), "classes": []}}
+def _points(rule=None):
+    truth = {"arch": "sm_90", "triton": {"default": rule or _truth(), "classes": []}}
     points = []
     for ctx in GRID["ctx"]:
         for seqs in GRID["seqs"]:
@@ -54,6 +54,17 @@ def test_fit_recovers_shapes_block_and_split_scale():
                                              "split_scale": 0.5}
     assert rule["wide"]["launch"]["64"] == {"tile": 32, "warps": 4}  # vLLM's kernel where it is faster
     assert rule["wide"]["min_fill"] <= 0.5  # width 9's 72 rows go to the 128-row block
+
+
+def test_fit_recovers_a_widened_block_that_wants_more_segments():
+    """A widened block whose best split is twice the rule's (head 128's 32-row block on bf16 KV on
+    the H200: radiance's kernel, which is swept to 256 segments) gets a factor of 2, not the
+    nearest of the factors below 1."""
+    rule, score = tune.fit(_points(_truth("rk_t64w4s2", {32: 2, 128: 0.5})), "sm_90", 8, 9)
+    assert score["unmeasured_choices"] == 0 and score["mean_regret_pct"] < 1.0, score
+    assert rule["wide"]["launch"]["32"] == {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance",
+                                            "split_scale": 2}
+    assert rule["wide"]["launch"]["128"]["split_scale"] == 0.5
 
 
 def test_candidates_cover_each_shape_and_skip_empty_segments():

@@ -267,8 +267,9 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
     tiles = cdiv(max(1, geo.max_seqlen_k), tile)
     split = rule["split"]
     if "split_scale" in wide_cfg:
-        # A widened block's program does more rows' work per KV tile than the stock block's and
-        # wants fewer segments for the same tiles per program (the H200 fit halves them).
+        # A widened block's program does more rows' work per KV tile than the stock block's, so
+        # its best segment count for the same tiles per program differs (the H200 fit halves it
+        # for head 256's 128-row block, doubles it for head 128's 32-row block on bf16 KV).
         split = {**split, "coef": float(split["coef"]) * float(wide_cfg["split_scale"])}
     seg = split_count(tiles, programs, split)
     notes = []
