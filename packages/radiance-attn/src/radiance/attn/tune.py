@@ -439,6 +439,7 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
         {"base": tuple(BASE_SHAPES), "coef": coefs, "exp": exps},
         {**{f"w{bm}": tuple(shapes) for bm, shapes in WIDE_SHAPES.items()},
          "fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
+        # 1 first: a tie keeps the earlier value, so a block no point uses keeps its factor of 1
         {f"s{bm}": (1, 0.5, 0.25, 2) for bm in WIDE_SHAPES},
         {"coef": coefs, "exp": exps, "lo": (4, 8), "unsplit": (0, 2, 4, 8)},
     ]
