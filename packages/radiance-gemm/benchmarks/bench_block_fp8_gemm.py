@@ -159,6 +159,9 @@ def main() -> int:
     ap.add_argument("--providers", default="", help="comma-separated subset of providers to run")
     ap.add_argument("--m", default="", help="comma-separated M values instead of the full list")
     ap.add_argument("--shapes", default="", help="comma-separated NxK subset of the shapes")
+    ap.add_argument("--merge", type=Path, action="append", default=[],
+                    help="an earlier results.json whose rows at the (shape, M) points this run does "
+                         "not measure are kept (repeatable; the later file wins)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
@@ -274,6 +277,7 @@ def main() -> int:
         torch.cuda.empty_cache()
         print(f"  {n}x{k} done ({time.time() - t_start:.0f}s)", flush=True)
 
+    rows = merge_rows(rows, args.merge, meta)
     table = build_table(rows, arch, meta)
     write_outputs(args.out, rows, table, meta)
     print_summary(rows, table)
@@ -282,6 +286,28 @@ def main() -> int:
 
 
 REFERENCE_ROWS = ("bf16_mm", "weight_read")  # timed for scale, never dispatched to
+
+
+def merge_rows(rows, paths, meta):
+    """This run's rows, plus each earlier file's rows at the (N, K, M) points this run did not
+    measure (M = 0: the weight_read row of a shape); ``meta['note']`` says which rows came from
+    which run."""
+    have = {(r["N"], r["K"], r["M"]) for r in rows}
+    kept, notes = [], []
+    for path in reversed(paths):  # the later file wins
+        old = json.loads(path.read_text())
+        taken = [r for r in old["rows"] if (r["N"], r["K"], r["M"]) not in have]
+        have |= {(r["N"], r["K"], r["M"]) for r in taken}
+        kept = taken + kept
+        if taken:
+            ms = sorted({r["M"] for r in taken})
+            origin = f" (that file: {old['meta']['note']})" if old["meta"].get("note") else ""
+            notes.append(f"{len(taken)} rows (M in {ms}) from the results of {old['meta']['date']}"
+                         + origin)
+    if notes:
+        meta["note"] = (f"Rows measured in this run ({meta['date']}) and, merged from earlier runs "
+                        f"on the same software, {'; '.join(notes)}.")
+    return kept + rows
 
 
 def read_summary(rows, table) -> list[str]:

@@ -252,6 +252,11 @@ def test_cuda_tma_auto_split_fills_one_wave(n, k, stages, want):
     ("cuda_decode", "sk4-w8-r2-s2-ov1", (4, 8, 2, 2, 0, 1), "sk4-w8-r2-s2-ov1"),
     ("cuda_decode", "sk2-w8-r8-s3-wg1", (2, 8, 8, 3, 1, 0), "sk2-w8-r8-s3-wg1"),
     ("cuda_decode", "sk2-w4-r4-s3-wg2", (2, 4, 4, 3, 2, 0), "sk2-w4-r4-s3-wg2"),
+    # pf<G>: L2 prefetch depth, packed with ov into the last int (ov + 2 * pf)
+    ("cuda_decode", "sk1-w8-r1-s2-ov1-pf64", (1, 8, 1, 2, 0, 129), "sk1-w8-r1-s2-ov1-pf64"),
+    ("cuda_decode", "sk1-w8-r1-s2-pf8", (1, 8, 1, 2, 0, 16), "sk1-w8-r1-s2-pf8"),
+    ("cuda_tma", "sk1-s8-pf4096-ov1", (1, 8, 0, 0, 0, 8193), "sk1-s8-ov1-pf4096"),
+    ("cuda_tma", "sk1-s8-pf0", (1, 8, 0, 0, 0, 0), "sk1-s8"),
 ])
 def test_cuda_config_round_trips(name, config, params, formatted):
     assert providers.parse_config(name, config, 4096, 4096, 132) == params
@@ -259,7 +264,8 @@ def test_cuda_config_round_trips(name, config, params, formatted):
 
 
 @pytest.mark.parametrize("name,bad", [
-    *(("cuda_tma", bad) for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8", "sk2-s8-ov2")),
+    *(("cuda_tma", bad) for bad in ("sk2-s5", "sk0-s8", "sk2-w4-s8", "sk2-s8-ov2", "sk2-s8-pfauto",
+                                    "sk2-s8-pf1048576")),
     *(("cuda_decode", bad) for bad in (
         "sk2-w8-r1-s4", "sk2-w4-r8-s2", "sk2-w4-r1-u2", "sk0-w4-r1-s2", "sk2-w8-r4-s2-wg1",
         "sk2-w4-r4-s6-wg1", "sk2-w4-r4-s4-wg2", "sk2-w8-r8-s3-wg2", "sk2-w4-r4-s2-wg3",

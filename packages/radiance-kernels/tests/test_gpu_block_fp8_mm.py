@@ -272,14 +272,16 @@ def test_cuda_graph_replay_and_counters(kernel):
     assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("prefetch", [0, 64])
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_overlapped_launches_keep_stream_order(kernel):
+def test_overlapped_launches_keep_stream_order(kernel, prefetch):
     """A decode step's chain, layer after layer in one stream: add_rms_quant's codes feed the
     GEMM, whose output is the next add_rms_quant's input, the GEMMs sharing one split-K counter
     buffer. Launched with overlap_next, each GEMM lets the next kernel start before its own
-    main loop; every layer's output must still equal the chain launched without it, bit for
-    bit, eagerly and over CUDA-graph replays with fresh inputs (a read of data not yet written,
-    or a counter shared too early, would show here)."""
+    main loop (and with l2_prefetch requests its weight into L2 before its wait); every layer's
+    output must still equal the chain launched without either, bit for bit, eagerly and over
+    CUDA-graph replays with fresh inputs (a read of data not yet written, or a counter shared too
+    early, would show here)."""
     _needs(kernel)
     from radiance.kernels import ops
 
@@ -296,7 +298,8 @@ def test_overlapped_launches_keep_stream_order(kernel):
         y, res, outs = y_in, res_in, []
         for b, sb in weights:
             q, s, res = ops.add_rms_quant(y, res, norm_w, 1e-6, group=128)
-            y = _run(kernel, q, b, s, sb, split=4, counters=counters, overlap_next=overlap_next)
+            y = _run(kernel, q, b, s, sb, split=4, counters=counters, overlap_next=overlap_next,
+                     l2_prefetch=prefetch if overlap_next else 0)
             outs.append(y)
         return outs
 
@@ -331,3 +334,6 @@ def test_bad_launch_raises():
     with pytest.raises(ValueError, match="16-byte"):
         block_fp8_mm(a.view(torch.uint8)[:, 1:129].view(torch.float8_e4m3fn), b[:, :128],
                      sa[:, :1].contiguous(), sb[:, :1].contiguous())
+    for bad in (-1, 2**20, True, 1.5):
+        with pytest.raises(ValueError, match="l2_prefetch"):
+            block_fp8_mm(a, b, sa, sb, l2_prefetch=bad)

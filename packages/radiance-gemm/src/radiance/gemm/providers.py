@@ -102,9 +102,10 @@ def _cuda_decode_available() -> str | None:
 def _run_cuda_decode(a, b, sa, sb, out_dtype, params, counters):
     from radiance.kernels.block_fp8_mm import block_fp8_mm
 
-    split, warps, rows, stages, wgmma, overlap = params[:6]
+    split, warps, rows, stages, wgmma, flags = params[:6]
+    overlap, prefetch = unpack_flags(flags)
     return block_fp8_mm(a, b, sa, sb, out_dtype, split, warps, stages,
-                        counters if counters.numel() > 0 else None, rows, wgmma, bool(overlap))
+                        counters if counters.numel() > 0 else None, rows, wgmma, overlap, prefetch)
 
 
 def _cuda_tma_available() -> str | None:
@@ -118,9 +119,10 @@ def _cuda_tma_available() -> str | None:
 def _run_cuda_tma(a, b, sa, sb, out_dtype, params, counters):
     from radiance.kernels.block_fp8_mm import block_fp8_mm_tma
 
-    split, stages, overlap = params[0], params[1], params[5]
+    split, stages = params[0], params[1]
+    overlap, prefetch = unpack_flags(params[5])
     return block_fp8_mm_tma(a, b, sa, sb, out_dtype, split, stages,
-                            counters if counters.numel() > 0 else None, bool(overlap))
+                            counters if counters.numel() > 0 else None, overlap, prefetch)
 
 
 # ---- PyTorch block-wise scaled_mm --------------------------------------------------------------
@@ -210,8 +212,8 @@ def provider(name: str) -> Provider:
 # The config fields each provider reads (see parse_config); the others take no config.
 CONFIG_FIELDS: dict[str, set[str]] = {
     "triton_splitk": {"bn", "sk", "w", "s", "f"},
-    "cuda_decode": {"sk", "w", "r", "s", "wg", "ov"},
-    "cuda_tma": {"sk", "s", "ov"},
+    "cuda_decode": {"sk", "w", "r", "s", "wg", "ov", "pf"},
+    "cuda_tma": {"sk", "s", "ov", "pf"},
     "triton_generic": {"bm", "bn", "w", "s"},
 }
 
@@ -249,7 +251,7 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         why = launch_error(n, split, warps, stages, rows, wgmma)
         if why is not None:
             raise ValueError(f"bad cuda_decode config {config!r}: {why}")
-        return (split, warps, rows, stages, wgmma, _overlap(name, config, fields))
+        return (split, warps, rows, stages, wgmma, _launch_flags(name, config, fields))
     if name == "cuda_tma":
         from radiance.kernels.block_fp8_mm import TMA_STAGES
 
@@ -261,7 +263,7 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         split = cuda_tma_split(n, k, sms, stages) if sk == "auto" else int(sk)
         if split < 1:
             raise ValueError(f"bad cuda_tma config {config!r}: split >= 1")
-        return (split, stages, 0, 0, 0, _overlap(name, config, fields))
+        return (split, stages, 0, 0, 0, _launch_flags(name, config, fields))
     if name == "triton_generic":
         bm = fields.get("bm", "auto")
         return (0 if bm == "auto" else int(bm), int(fields.get("bn", 128)),
@@ -271,13 +273,23 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
     return (0,) * PARAMS
 
 
-def _overlap(name: str, config: str, fields: dict[str, str]) -> int:
-    """The CUDA kernels' ``ov`` field: 1 lets the next kernel in the stream launch before this
-    GEMM's main loop (overlap_next in radiance.kernels.block_fp8_mm), 0 (default) after it."""
+def _launch_flags(name: str, config: str, fields: dict[str, str]) -> int:
+    """The CUDA kernels' ``ov`` and ``pf`` fields, packed into one route int (``ov + 2 * pf``).
+    ``ov1`` lets the next kernel in the stream launch before this GEMM's main loop (overlap_next in
+    radiance.kernels.block_fp8_mm), ``ov0`` (default) after it; ``pf<G>`` has each block request G
+    groups of each of its weight rows into L2 before its wait (l2_prefetch there; 0 by default)."""
     ov = fields.get("ov", "0")
     if ov not in ("0", "1"):
         raise ValueError(f"bad {name} config {config!r}: ov is 0 or 1")
-    return int(ov)
+    pf = fields.get("pf", "0")
+    if pf == "auto" or not 0 <= int(pf) < 2**20:
+        raise ValueError(f"bad {name} config {config!r}: pf is a number of groups below 2**20")
+    return int(ov) + 2 * int(pf)
+
+
+def unpack_flags(flags: int) -> tuple[bool, int]:
+    """(overlap_next, l2_prefetch) from a route's packed launch flags (see _launch_flags)."""
+    return bool(flags & 1), flags >> 1
 
 
 def cuda_decode_split(n: int, k: int, sms: int) -> int:
@@ -304,7 +316,8 @@ def cuda_tma_split(n: int, k: int, sms: int, stages: int) -> int:
 
 
 def format_params(name: str, params: tuple[int, ...]) -> str:
-    ov = "-ov1" if params[5] else ""
+    overlap, prefetch = unpack_flags(params[5])
+    ov = ("-ov1" if overlap else "") + (f"-pf{prefetch}" if prefetch else "")
     if name == "cuda_tma":
         return "sk{}-s{}".format(*params[:2]) + ov
     if name == "cuda_decode":

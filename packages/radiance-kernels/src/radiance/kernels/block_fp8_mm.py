@@ -20,7 +20,11 @@ block-FP8 GEMMs vLLM runs there), finer than a bf16 output's rounding but not th
 ``overlap_next`` (both kernels) lets the next kernel in the stream launch before this one's main
 loop instead of after it, so its prologue (and, where its blocks fit beside these, its first
 weight requests) overlaps this kernel; which is faster depends on the shape (csrc/block_fp8_mm.cuh,
-release_early), so it is a launch parameter like the others.
+release_early), so it is a launch parameter like the others. ``l2_prefetch=G`` (both kernels,
+sm_90) has each block request up to G groups (128 columns) of each of its weight rows into L2
+before it waits for the previous kernel, past the few its ring requests there: a block made
+resident early (the previous GEMM launched with ``overlap_next``) streams its share while it
+waits (csrc/block_fp8_mm.cuh, prefetch_weight_l2). 0: off. It changes no result.
 
 ``block_fp8_mm_tma(a, b, sa, sb)`` is the same product by the sm_90 kernel that streams the weight
 with the tensor memory accelerator (csrc/block_fp8_mm_tma.cu): 64 weight rows a block (N a
@@ -175,31 +179,40 @@ def splits_launched(k: int, split: int) -> int:
 def block_fp8_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                  out_dtype: torch.dtype = torch.bfloat16, split: int = 1, warps: int = 4,
                  stages: int = 4, counters: torch.Tensor | None = None,
-                 row_warps: int = 1, wgmma: int = 0, overlap_next: bool = False) -> torch.Tensor:
+                 row_warps: int = 1, wgmma: int = 0, overlap_next: bool = False,
+                 l2_prefetch: int = 0) -> torch.Tensor:
     """``a [M<=16, K] fp8 @ b [N, K] fp8`` with 1x128 / 128x128 scales -> ``[M, N] out_dtype``."""
     check_args(a, b, sa, sb, out_dtype, split, warps, stages, counters, row_warps, wgmma)
+    _check_prefetch(l2_prefetch)
     lib, c, partial, counters, splits = _prepare(a, b, out_dtype, split, counters, TILE_ROWS,
                                                  "wgmma" if wgmma else "mma_sync")
     code = lib.block_fp8_mm(*_c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits),
                             splits, warps, row_warps, stages, int(wgmma), int(overlap_next),
-                            stream_of(a.device))
+                            l2_prefetch, stream_of(a.device))
     check_code(lib, code, OP)
     return c
 
 
 def block_fp8_mm_tma(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                      out_dtype: torch.dtype = torch.bfloat16, split: int = 1, stages: int = 8,
-                     counters: torch.Tensor | None = None, overlap_next: bool = False) -> torch.Tensor:
+                     counters: torch.Tensor | None = None, overlap_next: bool = False,
+                     l2_prefetch: int = 0) -> torch.Tensor:
     """The same product by the sm_90 TMA kernel (N a multiple of 64)."""
+    _check_prefetch(l2_prefetch)
     if split < 1 or stages not in TMA_STAGES:
         raise ValueError(f"launch split={split} stages={stages}: the TMA kernel takes split >= 1 "
                          f"and stages {'/'.join(map(str, TMA_STAGES))}")
     check_operands(a, b, sa, sb, out_dtype, counters, TMA_ROWS)
     lib, c, partial, counters, splits = _prepare(a, b, out_dtype, split, counters, TMA_ROWS, "tma")
     code = lib.block_fp8_mm_tma(*_c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits),
-                                splits, stages, int(overlap_next), stream_of(a.device))
+                                splits, stages, int(overlap_next), l2_prefetch, stream_of(a.device))
     check_code(lib, code, OP)
     return c
+
+
+def _check_prefetch(l2_prefetch: int) -> None:
+    if not isinstance(l2_prefetch, int) or isinstance(l2_prefetch, bool) or not 0 <= l2_prefetch < 2**20:
+        raise ValueError(f"l2_prefetch must be an int of groups in [0, 2**20), got {l2_prefetch!r}")
 
 
 def _c_operands(a, b, sa, sb, c, out_dtype, partial, counters, splits) -> tuple:

@@ -41,8 +41,8 @@ from radiance.kernels import registry
 
 logger = logging.getLogger("vllm.radiance.kernels")
 
-ABI_VERSION = 6  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
-# 5: its TMA kernel; 6: the decode GEMMs' overlap_next launch argument
+ABI_VERSION = 7  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
+# 5: its TMA kernel; 6: the decode GEMMs' overlap_next launch argument; 7: their l2_prefetch one
 LIB_NAME = "libradiance_kernels.so"
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant", "block_fp8_mm")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
@@ -462,9 +462,9 @@ class KernelLibrary:
         self.block_fp8_mm = lib.radiance_block_fp8_mm
         self.block_fp8_mm.argtypes = [c_vp, c_i64, c_vp, c_i64, c_i64, c_vp, c_i64, c_vp, c_i64,
                                       c_i64, c_vp, c_i64, c_int, c_i64, c_i64, c_i64, c_vp, c_vp,
-                                      c_int, c_int, c_int, c_int, c_int, c_int, c_vp]
+                                      c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_vp]
         self.block_fp8_mm_tma = lib.radiance_block_fp8_mm_tma  # block_fp8_mm_tma.cu
-        self.block_fp8_mm_tma.argtypes = self.block_fp8_mm.argtypes[:18] + [c_int, c_int, c_int, c_vp]
+        self.block_fp8_mm_tma.argtypes = self.block_fp8_mm.argtypes[:18] + [c_int] * 4 + [c_vp]
         # Benchmark and test only: pins an op's launch layout (vpt 0 restores the heuristic).
         self.set_launch_config = lib.radiance_set_launch_config
         self.set_launch_config.argtypes = [c_int] * 5

@@ -171,6 +171,8 @@ __global__ void __launch_bounds__(WN * WK * 32) block_fp8_mm_kernel(const BlockF
   };
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);
+  // The ring's first copies cover the block's first (S - 1) * WK groups.
+  prefetch_weight_l2(p, n_block, kBlockRows, g_begin + (S - 1) * WK, g_end);
   release_early(p);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
 
@@ -436,6 +438,7 @@ __global__ void __launch_bounds__(WG * 128) block_fp8_mm_wgmma_kernel(const Bloc
   };
 #pragma unroll
   for (int st = 0; st < S - 1; ++st) issue(st);
+  prefetch_weight_l2(p, n_block, kBlockRows, g_begin + (S - 1) * G, g_begin + count);
   release_early(p);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
 
@@ -604,14 +607,16 @@ RAD_EXPORT int radiance_block_fp8_mm_supported(void) {
 // wgmma = G > 0: the warpgroup-MMA kernel (sm_90 only; row_warps == warps) with G groups a ring
 // stage: G = 1 with stages 2-5 (4 warps) or 2-3 (8), G = 2 with stages 2-3 (4 warps) or 2 (8).
 // overlap_next: 1 lets the next kernel launch before this one's main loop, 0 after it
-// (release_early / release_late in block_fp8_mm.cuh).
+// (release_early / release_late in block_fp8_mm.cuh). l2_prefetch >= 0: weight groups of each
+// row a block requests into L2 before its wait, past the ones its ring requests (sm_90+;
+// prefetch_weight_l2 there).
 // Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa, int64_t sa_m,
                                      int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                      int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
                                      int out_dtype, int64_t M, int64_t N, int64_t K, float* partial,
                                      int* counters, int split, int warps, int row_warps, int stages,
-                                     int wgmma, int overlap_next, void* stream) {
+                                     int wgmma, int overlap_next, int l2_prefetch, void* stream) {
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
   const int supported = radiance_block_fp8_mm_supported();
@@ -625,7 +630,7 @@ RAD_EXPORT int radiance_block_fp8_mm(const void* a, int64_t lda, const float* sa
   int splits = 1;
   if (const int e = make_block_fp8_mm_args(a, lda, sa, sa_m, sa_g, b, ldb, sb, sb_n, sb_g, c, ldc,
                                            out_dtype, M, N, K, partial, counters, split, overlap_next,
-                                           kTileRows, &p, &splits))
+                                           l2_prefetch, kTileRows, &p, &splits))
     return e;
   const dim3 grid((unsigned)(N / (kTileRows * row_warps)), (unsigned)splits);
   rad_stream_t s = static_cast<rad_stream_t>(stream);

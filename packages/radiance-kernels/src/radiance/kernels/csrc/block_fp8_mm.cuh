@@ -25,6 +25,7 @@ struct BlockFp8MmArgs {
   int64_t lda, ldb, ldc, sa_m, sa_g, sb_n, sb_g;
   int M, N, groups, groups_per_split, out_dtype;
   int overlap_next;  // 1: release the next kernel before this grid's wait (see release_early)
+  int l2_prefetch;   // weight groups of each of a block's rows requested into L2 at its start
 };
 
 RAD_DEVICE void store_out(void* c, int64_t idx, int code, float v) {
@@ -80,6 +81,31 @@ RAD_DEVICE void release_early(const BlockFp8MmArgs& p) {
 }
 RAD_DEVICE void release_late(const BlockFp8MmArgs& p) {
   if (!p.overlap_next) rad_release_dependents();
+}
+
+// L2 prefetch of the block's weight share, before its wait for the previous kernel. A block's
+// ring requests only its first few groups there (S - 1 a warp: a few KiB a block); under early
+// release (ov1) the next GEMM's blocks become resident during this one's tail and then idle in
+// their wait. Requested as one bulk prefetch a row (thread t: row n_block + t, groups
+// [g_from, g_from + l2_prefetch) of it), the rest of the block's share is on its way to L2 during
+// that wait, with no shared memory or registers held for it, and the ring's later copies find it
+// there. The weight is static, so requesting it before the wait keeps the stream's order. A
+// launch parameter like the others (radiance-gemm's `pf` config field): prefetched far ahead of
+// a large grid, lines could be evicted before their block reads them. sm_90+ (the bulk prefetch);
+// elsewhere nothing.
+RAD_DEVICE void prefetch_weight_l2(const BlockFp8MmArgs& p, int n_block, int rows, int g_from,
+                                   int g_to) {
+#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int g_end = min(g_to, g_from + p.l2_prefetch);
+  const int t = threadIdx.x;
+  if (t < rows && g_from < g_end) {
+    const uint8_t* src = p.b + (int64_t)(n_block + t) * p.ldb + (int64_t)g_from * kGroup;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"((g_end - g_from) * kGroup)
+                 : "memory");
+  }
+#else
+  (void)p, (void)n_block, (void)rows, (void)g_from, (void)g_to;
+#endif
 }
 
 // Split K: the last block of a column tile to arrive (arrive_last: true in that block) sums the
@@ -162,13 +188,13 @@ inline int make_block_fp8_mm_args(const void* a, int64_t lda, const float* sa, i
                                   int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                   int64_t sb_n, int64_t sb_g, void* c, int64_t ldc, int out_dtype,
                                   int64_t M, int64_t N, int64_t K, float* partial, int* counters,
-                                  int split, int overlap_next, int rows, BlockFp8MmArgs* p,
-                                  int* splits) {
+                                  int split, int overlap_next, int l2_prefetch, int rows,
+                                  BlockFp8MmArgs* p, int* splits) {
   const int bad = (int)rad_error_invalid_value;
   if (M < 1 || M > 16 || N < rows || N % rows || K < kGroup || K % kGroup) return bad;
   if (N > (1 << 30) || K > (1 << 30) || out_dtype < 0 || out_dtype > 2) return bad;
   if (!a || !b || !sa || !sb || !c || lda % 16 || ldb % 16 || lda < K || ldb < K || ldc < N) return bad;
-  if ((uintptr_t)a % 16 || (uintptr_t)b % 16 || split < 1) return bad;
+  if ((uintptr_t)a % 16 || (uintptr_t)b % 16 || split < 1 || l2_prefetch < 0) return bad;
   const int groups = (int)(K / kGroup);
   const int per_split = (groups + split - 1) / split;
   *splits = (groups + per_split - 1) / per_split;
@@ -185,6 +211,7 @@ inline int make_block_fp8_mm_args(const void* a, int64_t lda, const float* sa, i
   p->M = (int)M, p->N = (int)N, p->groups = groups, p->groups_per_split = per_split;
   p->out_dtype = out_dtype;
   p->overlap_next = overlap_next != 0;
+  p->l2_prefetch = l2_prefetch;
   return 0;
 }
 

@@ -224,6 +224,8 @@ __global__ void __launch_bounds__(128) block_fp8_mm_tma_kernel(const __grid_cons
                       full_s + 8 * s, policy);
     }
   }
+  // The ring's first loads cover the block's first S groups.
+  prefetch_weight_l2(p, n_block, kTmaRows, g_begin + S, g_begin + count);
   __syncthreads();  // the barriers are initialised before anyone waits on them
   release_early(p);
   rad_wait_prior_grids();  // activations and scales may come from the previous kernel
@@ -427,20 +429,21 @@ bool tma_encoder_available() { return false; }
 // c [M, N] = block-FP8 a @ b^T, arguments as radiance_block_fp8_mm, by the TMA kernel (sm_90
 // only; bit 2 of radiance_block_fp8_mm_supported): 64 weight rows a block (N a multiple of 64),
 // `split` K ranges per column tile (> 1 needs `partial` [split, M, N] fp32 and `counters` [N / 64]
-// int32 zeros), `stages` tiles in flight a block: 4, 6, 8 or 12, `overlap_next` as there.
+// int32 zeros), `stages` tiles in flight a block: 4, 6, 8 or 12, `overlap_next` and
+// `l2_prefetch` as there.
 // Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_block_fp8_mm_tma(const void* a, int64_t lda, const float* sa, int64_t sa_m,
                                          int64_t sa_g, const void* b, int64_t ldb, const float* sb,
                                          int64_t sb_n, int64_t sb_g, void* c, int64_t ldc,
                                          int out_dtype, int64_t M, int64_t N, int64_t K,
                                          float* partial, int* counters, int split, int stages,
-                                         int overlap_next, void* stream) {
+                                         int overlap_next, int l2_prefetch, void* stream) {
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
 #ifdef RADIANCE_HIP
   (void)a, (void)lda, (void)sa, (void)sa_m, (void)sa_g, (void)b, (void)ldb, (void)sb, (void)sb_n,
       (void)sb_g, (void)c, (void)ldc, (void)out_dtype, (void)M, (void)N, (void)K, (void)partial,
-      (void)counters, (void)split, (void)stages, (void)overlap_next, (void)stream;
+      (void)counters, (void)split, (void)stages, (void)overlap_next, (void)l2_prefetch, (void)stream;
   return bad;
 #else
   if (device_compute_capability() != 90 || !tma_encoder_available()) return bad;
@@ -448,7 +451,7 @@ RAD_EXPORT int radiance_block_fp8_mm_tma(const void* a, int64_t lda, const float
   int splits = 1;
   if (const int e = make_block_fp8_mm_args(a, lda, sa, sa_m, sa_g, b, ldb, sb, sb_n, sb_g, c, ldc,
                                            out_dtype, M, N, K, partial, counters, split, overlap_next,
-                                           kTmaRows, &args.p, &splits))
+                                           l2_prefetch, kTmaRows, &args.p, &splits))
     return e;
   const int tt = M <= 8 ? 1 : 2;
   if (!cached_map(&args.weight, b, N, K, ldb, kTmaRows) || !cached_map(&args.tokens, a, M, K, lda, 8 * tt))
