@@ -281,11 +281,13 @@ def test_overlapped_launches_keep_stream_order(kernel, prefetch):
     main loop (and with l2_prefetch requests its weight into L2 before its wait); every layer's
     output must still equal the chain launched without either, bit for bit, eagerly and over
     CUDA-graph replays with fresh inputs (a read of data not yet written, or a counter shared too
-    early, would show here)."""
+    early, would show here). With prefetch the K range is not split, so that every kernel's
+    block has groups past its ring's first requests to prefetch (16 groups against at most 8)."""
     _needs(kernel)
     from radiance.kernels import ops
 
     m, n, layers = 8, 2048, 6
+    split = 1 if prefetch else 4
     g = torch.Generator(device="cuda").manual_seed(7)
     weights = [_quantize(torch.randn(n, n, device="cuda", generator=g) * 0.05, 128, 128)
                for _ in range(layers)]
@@ -298,7 +300,7 @@ def test_overlapped_launches_keep_stream_order(kernel, prefetch):
         y, res, outs = y_in, res_in, []
         for b, sb in weights:
             q, s, res = ops.add_rms_quant(y, res, norm_w, 1e-6, group=128)
-            y = _run(kernel, q, b, s, sb, split=4, counters=counters, overlap_next=overlap_next,
+            y = _run(kernel, q, b, s, sb, split=split, counters=counters, overlap_next=overlap_next,
                      l2_prefetch=prefetch if overlap_next else 0)
             outs.append(y)
         return outs
