@@ -78,7 +78,11 @@ VARIANTS = {
                     "skauto-w4-r4-s3-wg2", "sk4-w4-r4-s3-wg2", "sk4-w8-r8-s2-wg2",
                     # the next kernel launched before the main loop (ov1) instead of after it
                     *(f"{c}-ov1" for c in ("skauto-w4-r1-s4", "skauto-w4-r1-s3", "sk1-w4-r1-s5",
-                                           "skauto-w8-r1-s2", "sk1-w8-r1-s2", "skauto-w8-r2-s2"))],
+                                           "skauto-w8-r1-s2", "sk1-w8-r1-s2", "skauto-w8-r2-s2")),
+                    # each block requesting G groups of its rows into L2 before its wait for the
+                    # previous kernel (pf<G>): 9-15% faster at 1-2 MB in l2_prefetch_ab.md, 0-13%
+                    # slower from 8 MB, where it is not chosen
+                    *(f"sk1-w8-r1-s2{ov}-pf{g}" for ov in ("", "-ov1") for g in (16, 4096))],
     # the sm_90 kernel whose weight tiles the tensor memory accelerator streams, with the next
     # kernel launched after (default) or before (ov1) the main loop
     "cuda_tma": [f"{c}{ov}" for ov in ("", "-ov1")
