@@ -32,6 +32,13 @@ Every variant's output is checked bit for bit against its start shape's at the s
 count without the options (same math, same order). Records each build's registers, spills,
 shared memory and blocks an SM.
 Writes ``split_kv_latency.json``.
+
+``--cuda``: at the same points, what radiance ships (its wrapper with the sm_90 table) against the
+CUDA partial pass (radiance-kernels' ``split_kv_partial``, then the same reduce) at KV tiles
+{32, 64, 128, 256} x stages {2, 3, 4} x the shipped segment count halved, as is and doubled,
+wherever the kernel has the launch; all alternated twice, the faster of each kept, and the
+fastest CUDA launch's output checked against the fp32 reference (largest row difference in bf16
+ulps of the row's largest value). Writes ``split_kv_cuda_probe.json``.
 """
 
 from __future__ import annotations
@@ -150,6 +157,92 @@ def around_probe(args, classes, out: Path, t0: float) -> None:
         rows.append(shipped_row(k, b, (ctx, seqs, width), stock, c, times))
         (out / "split_kv_around.json").write_text(json.dumps({"failed": {str(kk): v for kk, v in failed.items()},
                                                               "results": rows}, indent=1))
+
+
+def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int) -> dict[str, policy.TritonLaunch]:
+    """The CUDA partial pass's launches at a point, named cuda_t{tile}_st{stages}_s{segments}."""
+    import torch
+
+    from radiance.kernels import split_kv_attention
+
+    kv = torch.float8_e4m3fn if k.kv_dtype == "fp8" else torch.bfloat16
+    row_tiles = -(-width * (k.num_query_heads // k.num_kv_heads) // 16)
+    out = {}
+    for tile, st, seg in itertools.product((32, 64, 128, 256), (2, 3, 4),
+                                           sorted({min(256, max(4, s)) for s in (segments // 2, segments, 2 * segments)})):
+        if split_kv_attention.launch_refusal(k.head_size, kv, torch.bfloat16, row_tiles, tile // 32, st, smem_limit):
+            continue
+        out[f"cuda_t{tile}_st{st}_s{seg}"] = policy.TritonLaunch(seg, 16 * row_tiles, width, tile, None, st, "cuda",
+                                                                  kernel="radiance")
+    return out
+
+
+def run_cuda(b: tune.Bench, kw: dict, c: policy.TritonLaunch):
+    return split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
+                                  kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
+                                  kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum, partial_pass="cuda")
+
+
+def cuda_probe(args, classes, out: Path, t0: float) -> None:
+    """The shipped wrapper against the CUDA partial pass (see the module docstring)."""
+    import torch
+
+    module, dev, arch, sms = tune.probe_device(args.kernel_src)
+    smem_limit = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
+    shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
+    rows = []
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
+                                                                  t0 + args.budget_s):
+        rs = [b.radiance_kwargs(kw) for kw in sets]
+        _, launch = tune.time_wrapper(shipped, b, sets)
+        segments = launch.num_segments if launch is not None and launch.is_3d else 64
+        variants = cuda_variants(k, width, segments, smem_limit)
+        times = {}
+        for _ in range(2):
+            times["shipped"] = min(times.get("shipped", float("inf")), tune.time_wrapper(shipped, b, sets)[0])
+            for name, v in variants.items():
+                t = tune.time_graph([lambda kw=kw, v=v: run_cuda(b, kw, v) for kw in rs])
+                times[name] = min(times.get(name, t), t)
+        best = min(variants, key=times.get)
+        kw0 = rs[0]
+        ref = reference.unified_attention(kw0["q"], kw0["k"], kw0["v"], kw0["cu_seqlens_q"], kw0["seqused_k"],
+                                          kw0["block_table"], kw0["softmax_scale"], 1.0, 1.0)
+        o_ship, o_cuda = torch.full_like(kw0["q"], float("nan")), torch.full_like(kw0["q"], float("nan"))
+        shipped(**dict(kw0, out=o_ship))
+        run_cuda(b, dict(kw0, out=o_cuda), variants[best])
+        torch.cuda.synchronize()
+        floor = b.floor_us(ctx, seqs)
+        rows.append({"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor, "stock_us": stock,
+                     "shipped": launch.describe() if launch else "stock", "shipped_us": times["shipped"],
+                     "best": best, "best_us": times[best],
+                     "ulps_vs_ref": {"shipped": row_ulps(o_ship, ref), "cuda": row_ulps(o_cuda, ref)}, "times": times})
+        print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} shipped {times['shipped']:.1f} "
+              f"({times['shipped'] / floor:.2f}x) cuda {times[best]:.1f} ({times[best] / floor:.2f}x, {best}) "
+              f"ulps shipped {rows[-1]['ulps_vs_ref']['shipped']:.2f} cuda {rows[-1]['ulps_vs_ref']['cuda']:.2f}",
+              flush=True)
+        (out / "split_kv_cuda_probe.json").write_text(json.dumps({"results": rows}, indent=1))
+    (out / "split_kv_cuda_probe.md").write_text(cuda_table(rows, torch.cuda.get_device_name(dev)))
+
+
+def cuda_table(rows: list[dict], gpu: str) -> str:
+    """The CUDA probe's records as a markdown table, with counts within 2x of the floor."""
+    lines = [f"# The CUDA partial pass against what radiance ships ({gpu}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+             "", "Medians of CUDA-graph replays, KV rotated past L2, two alternations, the faster kept. "
+             "floor: the KV bytes at 4.25 TB/s. ulps: the largest row difference from the fp32 reference, "
+             "in bf16 ulps of the row's largest value.", "",
+             "| class | ctx | seqs | width | floor us | shipped us (x floor) | CUDA us (x floor) | launch | CUDA / shipped "
+             "| ulps shipped / CUDA |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r["floor_us"]
+        lines.append(f"| {r['class']} | {r['ctx']} | {r['seqs']} | {r['width']} | {f:.1f} | {r['shipped_us']:.1f} "
+                     f"({r['shipped_us'] / f:.2f}) | {r['best_us']:.1f} ({r['best_us'] / f:.2f}) | {r['best']} | "
+                     f"{r['best_us'] / r['shipped_us']:.3f} | {r['ulps_vs_ref']['shipped']:.2f} / "
+                     f"{r['ulps_vs_ref']['cuda']:.2f} |")
+    within = lambda key: sum(r[key] <= 2 * r["floor_us"] for r in rows)  # noqa: E731
+    lines += ["", f"within 2x of the floor: shipped {within('shipped_us')}, CUDA {within('best_us')}, "
+              f"best of both {sum(min(r['shipped_us'], r['best_us']) <= 2 * r['floor_us'] for r in rows)} "
+              f"(of {len(rows)})"]
+    return "\n".join(lines) + "\n"
 
 
 # H200 (sm_90) per-SM limits the occupancy arithmetic of the latency probe uses.
@@ -340,6 +433,7 @@ def main(argv=None) -> int:
     ap.add_argument("--around", action="store_true", help="only the shipped launch against its neighbours")
     ap.add_argument("--latency", action="store_true",
                     help="only the shipped launch against the block table one tile ahead and register caps")
+    ap.add_argument("--cuda", action="store_true", help="only the shipped wrapper against the CUDA partial pass")
     ap.add_argument("--classes", help="comma list of class names (default: all)")
     args = ap.parse_args(argv)
     classes = [c for c in tune.CLASSES if not args.classes or c.name in args.classes.split(",")]
@@ -350,6 +444,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.v_ab:
         v_ab(out)
+        print(f"done in {time.time() - t0:.0f}s")
+        return 0
+    if args.cuda:
+        cuda_probe(args, classes, out, t0)
         print(f"done in {time.time() - t0:.0f}s")
         return 0
     if args.around or args.latency:

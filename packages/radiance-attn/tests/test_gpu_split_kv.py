@@ -93,3 +93,62 @@ def test_latency_options_change_no_bit(kv, head, q_heads, kv_heads, width, block
     want = _run(plain, q, k, v, cu, lens, bt, width, head**-0.5, k_scale, v_scale)
     got = _run(varied, q, k, v, cu, lens, bt, width, head**-0.5, k_scale, v_scale)
     assert torch.isfinite(want).all() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp16", "fp8_fp16q"])
+@pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
+@pytest.mark.parametrize("width, block_q, tile, stages, segments", [
+    (1, 1, 32, 2, 64), (1, 1, 128, 3, 16), (1, 1, 256, 2, 8), (4, 4, 64, 2, 32), (4, 2, 128, 4, 4),
+    (9, 9, 32, 3, 64), (9, 4, 64, 2, 16), (2, 2, 32, 5, 1)])
+@pytest.mark.parametrize("q_mag", [1.0, 1.0e6])
+def test_cuda_partial_matches_reference(kv, head, q_heads, kv_heads, width, block_q, tile, stages, segments, q_mag):
+    """The CUDA partial pass (radiance-kernels' split_kv_partial) followed by the same reduce, against
+    float64: every row within the bound the Triton partial pass meets."""
+    from radiance.kernels import split_kv_attention
+
+    group = q_heads // kv_heads
+    row_tiles = -(-block_q * group // 16)
+    kv_dtype = torch.float8_e4m3fn if kv.startswith("fp8") else (torch.float16 if kv == "fp16" else torch.bfloat16)
+    q_dtype = torch.float16 if kv in ("fp16", "fp8_fp16q") else torch.bfloat16
+    why = split_kv_attention.launch_refusal(head, kv_dtype, q_dtype, row_tiles, tile // 32, stages,
+                                            torch.cuda.get_device_properties(0).shared_memory_per_block_optin)
+    if why is not None:
+        pytest.skip(f"no such launch: {why}")
+    q, k, v, cu, lens, bt, ks, vs, k_scale, v_scale = _inputs("fp8" if kv.startswith("fp8") else "bf16", head,
+                                                              q_heads, kv_heads, width, q_mag, 3 * head + width + tile)
+    if q_dtype == torch.float16:
+        q = (q.float() / max(q_mag, 1.0) * 100).half()  # fp16 holds up to 65504
+    if kv == "fp16":
+        k, v = k.half(), v.half()
+    sm_scale = head**-0.5 / (q_mag if q_dtype == torch.bfloat16 else 100.0)
+    launch = policy.TritonLaunch(segments, 16 * row_tiles, block_q, tile, None, stages, "t", kernel="radiance")
+    units = q.shape[0] * q.shape[1] * segments
+    part = (torch.full((units * head,), float("nan"), device=q.device),
+            torch.full((units,), float("nan"), device=q.device), torch.full((units,), float("nan"), device=q.device))
+    out = torch.full_like(q, float("nan"))
+    split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part,
+                           partial_pass="cuda")
+    ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref).abs().amax(-1)
+    ulps = (err / (2.0**-7 * ref.abs().amax(-1))).max().item()
+    assert ulps <= 1.5, ulps
+
+
+def test_cuda_partial_refuses_bad_input():
+    """Shapes and dtypes the CUDA partial pass has no launch for raise before anything runs."""
+    from radiance.kernels import split_kv_attention
+
+    q, k, v, cu, lens, bt, _, _, k_scale, v_scale = _inputs("fp8", 256, 16, 2, 1, 1.0, 1)
+    part = (torch.zeros(1 << 22, device=q.device), torch.zeros(1 << 16, device=q.device),
+            torch.zeros(1 << 16, device=q.device))
+    common = dict(softmax_scale=0.1, q_blocks_per_seq=1, block_q=1, num_segments=4, key_warps=2,
+                  k_scale=k_scale, v_scale=v_scale)
+    with pytest.raises(ValueError, match="key warps"):
+        split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, key_warps=3))
+    with pytest.raises(ValueError, match="fp8 KV needs k_scale"):
+        split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, k_scale=None))
+    with pytest.raises(ValueError, match="seq_lens"):
+        split_kv_attention.split_kv_partial(q, k, v, bt, lens.long(), cu, *part, **common)
+    with pytest.raises(ValueError, match="threads a block"):
+        split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, key_warps=8, row_tiles=2))

@@ -58,6 +58,9 @@ GOOD = textwrap.dedent("""
     int radiance_block_fp8_mm_tma(const void*, int64_t, const float*, int64_t, int64_t,
         const void*, int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t,
         int64_t, int64_t, float*, int*, int, int, int, void*) { return 0; }
+    int radiance_split_kv_supported(void) { return 0; }
+    int radiance_split_kv_smem(int, int, int, int, int) { return 0; }
+    int radiance_split_kv_partial(void) { return 0; }
     }
 """)
 

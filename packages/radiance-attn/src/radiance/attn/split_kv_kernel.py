@@ -263,32 +263,69 @@ def call_refusal(q, k_cache, v_cache, out, k_scale, v_scale) -> str | None:
 
 def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_seqlen_q: int,
            softmax_scale: float, k_scale, v_scale, launch_cfg, part_out, part_max, part_sum,
-           v_in_registers: bool | None = None):
+           v_in_registers: bool | None = None, partial_pass: str = "triton"):
     """Run one decode/verify batch; ``launch_refusal`` and ``call_refusal`` must have passed.
     Raises ValueError, before any launch, when the segment scratch is too small for the launch.
     Returns Triton's handle of the main kernel's build (``n_regs``, ``n_spills``,
-    ``metadata.shared``; None in Triton's interpreter).
+    ``metadata.shared``; None in Triton's interpreter or with the CUDA partial pass).
 
     ``v_in_registers``: convert fp8 V tiles with the inline PTX conversion (see
     ``_e4m3_to_fp16_in_registers``); None: wherever that PTX runs (CUDA sm_89+, not Triton's
     interpreter).
+
+    ``partial_pass``: "triton" (``_partial`` above) or "cuda": radiance-kernels'
+    ``split_kv_partial`` (the same algebra, mma.sync with the query rows padded to 16 instead of
+    BLOCK_M, the KV tile's keys split over warps; ``launch_cfg.tile_size`` = 32 x its key warps,
+    ``num_stages`` its ring depth, ``num_warps`` and BLOCK_M unused). The same reduce follows.
     """
     import torch
 
+    if partial_pass not in ("triton", "cuda"):
+        raise ValueError(f"partial_pass must be 'triton' or 'cuda', got {partial_pass!r}")
     if v_in_registers is None:
         v_in_registers = q.is_cuda and _ptx_fp8_conversion(q.device.index)
 
-    partial, reduce = _kernels()
+    _, reduce = _kernels()
     num_tokens, num_q_heads, head = q.shape
     units = num_tokens * num_q_heads * launch_cfg.num_segments
     head_p = 1 << (head - 1).bit_length()
     if part_out.numel() < units * head_p or part_max.numel() < units or part_sum.numel() < units:
         raise ValueError(f"split-KV scratch holds fewer than {units} partial rows of {head_p}")
-    num_kv_heads = k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
     num_seqs = seq_lens.shape[0]
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     q_blocks = -(-int(max_seqlen_q) // launch_cfg.block_q)
+    seg = launch_cfg.num_segments
+    if partial_pass == "cuda":
+        from radiance.kernels import split_kv_attention
+
+        split_kv_attention.split_kv_partial(
+            q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum,
+            softmax_scale=softmax_scale, q_blocks_per_seq=q_blocks, block_q=launch_cfg.block_q,
+            num_segments=seg, key_warps=launch_cfg.tile_size // 32, stages=launch_cfg.num_stages or 2,
+            k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
+        compiled = None
+    else:
+        compiled = _launch_triton_partial(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table,
+                                          softmax_scale, k_scale, v_scale, launch_cfg, part_out,
+                                          part_max, part_sum, v_in_registers, q_blocks, fp8, head_p)
+    d_chunk = max(16, min(head_p, 4096 // seg))  # <= 32 fp32 partials a thread at 4 warps
+    reduce[(num_seqs * int(max_seqlen_q), num_q_heads, head_p // d_chunk)](
+        out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q,
+        out.stride(0), out.stride(1), num_q_heads, launch_cfg.tile_size, int(max_seqlen_q),
+        HEAD=head, HEAD_P=head_p, NUM_SEGMENTS=seg, D_CHUNK=d_chunk, num_warps=4,
+    )
+    return compiled
+
+
+def _launch_triton_partial(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, softmax_scale,
+                           k_scale, v_scale, launch_cfg, part_out, part_max, part_sum, v_in_registers,
+                           q_blocks, fp8, head_p):
+    """The Triton partial pass (``_partial``); returns its build handle."""
+    partial, _ = _kernels()
+    _, num_q_heads, head = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    num_seqs = seq_lens.shape[0]
     seg = launch_cfg.num_segments
     extra = {}
     if launch_cfg.num_warps is not None:
@@ -309,11 +346,5 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
         BLOCK_SIZE=k_cache.shape[1], FP8_KV=fp8,
         NUM_STAGES=launch_cfg.num_stages or 2, V_IN_REGISTERS=bool(fp8 and v_in_registers),
         TABLE_AHEAD=launch_cfg.table_ahead, **extra,
-    )
-    d_chunk = max(16, min(head_p, 4096 // seg))  # <= 32 fp32 partials a thread at 4 warps
-    reduce[(num_seqs * int(max_seqlen_q), num_q_heads, head_p // d_chunk)](
-        out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q,
-        out.stride(0), out.stride(1), num_q_heads, launch_cfg.tile_size, int(max_seqlen_q),
-        HEAD=head, HEAD_P=head_p, NUM_SEGMENTS=seg, D_CHUNK=d_chunk, num_warps=4,
     )
     return compiled

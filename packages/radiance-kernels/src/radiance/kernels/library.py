@@ -41,8 +41,9 @@ from radiance.kernels import registry
 
 logger = logging.getLogger("vllm.radiance.kernels")
 
-ABI_VERSION = 7  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
-# 5: its TMA kernel; 6: the decode GEMMs' overlap_next launch argument; 7: their l2_prefetch one
+ABI_VERSION = 8  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
+# 5: its TMA kernel; 6: the decode GEMMs' overlap_next launch argument; 7: their l2_prefetch one;
+# 8: the split-KV attention partial pass
 LIB_NAME = "libradiance_kernels.so"
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant", "block_fp8_mm")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
@@ -465,10 +466,21 @@ class KernelLibrary:
                                       c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_vp]
         self.block_fp8_mm_tma = lib.radiance_block_fp8_mm_tma  # block_fp8_mm_tma.cu
         self.block_fp8_mm_tma.argtypes = self.block_fp8_mm.argtypes[:18] + [c_int] * 4 + [c_vp]
+        # The split-KV attention partial pass (split_kv_attention.cu).
+        lib.radiance_split_kv_supported.argtypes = []
+        lib.radiance_split_kv_supported.restype = c_int
+        self.split_kv_supported = lib.radiance_split_kv_supported
+        lib.radiance_split_kv_smem.argtypes = [c_int] * 5
+        lib.radiance_split_kv_smem.restype = c_int
+        self.split_kv_smem = lib.radiance_split_kv_smem
+        self.split_kv_partial = lib.radiance_split_kv_partial
+        self.split_kv_partial.argtypes = ([c_vp, c_i64, c_i64] + [c_vp, c_i64, c_i64, c_i64] * 2
+                                          + [c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_f]
+                                          + [c_int] * 12 + [c_vp])
         # Benchmark and test only: pins an op's launch layout (vpt 0 restores the heuristic).
         self.set_launch_config = lib.radiance_set_launch_config
         self.set_launch_config.argtypes = [c_int] * 5
-        for fn in (self.set_launch_config, self.block_fp8_mm, self.block_fp8_mm_tma,
+        for fn in (self.set_launch_config, self.block_fp8_mm, self.block_fp8_mm_tma, self.split_kv_partial,
                    self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
                    self.peer_region_free, self.peer_set_create, self.peer_set_destroy,
                    self.peer_set_handshake, self.all_reduce, self.ar_add_rms_quant):

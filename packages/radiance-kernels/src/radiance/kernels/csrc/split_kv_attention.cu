@@ -1,0 +1,643 @@
+// Split-KV paged attention, the partial pass (NVIDIA sm_89+): for decode and speculative-verify
+// batches, each block computes one (sequence, query block, KV head, KV segment)'s unnormalized
+// output, running max (base 2) and exp-sum for its rows, in the layout radiance-attn's reduce
+// kernel sums (`[tokens, q_heads, segments, head]`). It is the CUDA counterpart of radiance-attn's
+// Triton split-KV kernel and follows its algebra; see split_kv_partial below for the arguments.
+//
+// Rows: BLOCK_Q query tokens x the GROUP query heads sharing the KV head, row r = token r / GROUP,
+// head r % GROUP, padded to MT tiles of 16 (the mma's M). Where the Triton kernel pads a verify
+// batch's 72 rows to a 128-row block, this one runs 80.
+//
+// Warps: MT x KW. Warp (mt, ks) owns query rows [16 mt, 16 mt + 16) and keys [32 ks, 32 ks + 32)
+// of every KV tile (TILE = 32 KW keys), with its own running max, exp-sum and output; the KW key
+// slices of a row tile are merged through shared memory at the end. Splitting keys over warps,
+// not only rows, gives a single decode token (one row tile) several warps.
+//
+// KV tiles stream through a ring of `stages` shared-memory buffers with cp.async (16 bytes a
+// request; keys past the sequence are zero-filled, so a masked key's V row is 0, never stale
+// bytes), the block-table entry of a thread's next row read one tile ahead so no copy waits on it.
+// Rows of 16-byte chunks are XOR-swizzled (chunk c of row r at c ^ (r & 7)): ldmatrix reads 8 rows
+// at one column, conflict-free.
+//
+// Numerics, fp8 (e4m3) KV: an e4m3 value is exactly an fp16 value, so K and V tiles widen to fp16
+// with the packed hardware conversion and feed fp16 MMAs unscaled; each query row goes to fp16 once,
+// multiplied by a power of two c putting its largest magnitude in [2^14, 2^15) (exact for every
+// element above 2^-28 of the row's largest, no overflow for any bf16 or fp16 input); k_scale / c
+// joins the softmax scale on the fp32 scores and v_scale multiplies the output once; probabilities
+// enter the PV product as fp16. Two-byte KV (the query's dtype) runs the query's dtype in both
+// products. fp32 accumulation throughout; exp2 of scores pre-multiplied by log2(e).
+//
+// fp8 operand layouts without a byte transpose:
+//  - QK: ldmatrix on K rows treats byte pairs as 16-bit elements, so a thread's register holds 4
+//    consecutive head elements where the fp16 B fragment wants 2 + 2 eight apart. The head axis is
+//    a dot's reduction axis: relabelled identically on both sides it changes no product. The query
+//    is stored in shared memory relabelled to match (qk_position), K is used as loaded.
+//  - PV: ldmatrix.trans of 16-bit pairs gives a thread two keys x two head elements; one byte
+//    permute splits them into the two head elements' key pairs, each one fp16 B fragment. The
+//    output's head axis comes out interleaved (thread t of a 16-element chunk holds elements 4t to
+//    4t + 3), which the store undoes.
+#include "portability.h"
+
+namespace radiance {
+namespace {
+
+struct SplitKvArgs {
+  const uint8_t* q;
+  const uint8_t* k;
+  const uint8_t* v;
+  const int* block_table;
+  const int* seq_lens;
+  const int* cu_q;
+  float* part_out;
+  float* part_max;
+  float* part_sum;
+  const float* k_scale;
+  const float* v_scale;
+  float scale_log2;
+  int64_t q_st, q_sh;              // query strides (elements): token, head
+  int64_t k_sb, k_ss, k_sh;        // cache strides (elements): block, slot, KV head
+  int64_t v_sb, v_ss, v_sh;
+  int64_t bt_stride;
+  int num_q_heads, q_blocks_per_seq, num_segments, group, block_q, block_size, kw, stages;
+};
+
+// mode: 0 fp8 KV with bf16 queries, 1 fp8 KV with fp16 queries, 2 bf16, 3 fp16 (KV and queries).
+__host__ __device__ constexpr bool mode_fp8(int mode) { return mode < 2; }
+__host__ __device__ constexpr bool mode_bf16_query(int mode) { return mode == 0 || mode == 2; }
+
+// Shared memory of one block: query rows, their score multipliers, the KV ring (reused after the
+// loop for the key-slice merge).
+__host__ __device__ constexpr int query_bytes(int head, int mt) { return mt * 16 * head * 2 + 512; }
+__host__ __device__ constexpr int merge_bytes(int head, int mt, int kw) {
+  return (kw - 1) * mt * (head / 2 + 4) * 32 * 4;
+}
+__host__ __device__ constexpr int ring_bytes(int head, int mode, int kw, int stages) {
+  return stages * 2 * 32 * kw * head * (mode_fp8(mode) ? 1 : 2);
+}
+__host__ __device__ constexpr int split_kv_smem(int head, int mode, int mt, int kw, int stages) {
+  return query_bytes(head, mt) + (ring_bytes(head, mode, kw, stages) > merge_bytes(head, mt, kw)
+                                      ? ring_bytes(head, mode, kw, stages)
+                                      : merge_bytes(head, mt, kw));
+}
+
+#if !defined(RADIANCE_HIP)
+
+RAD_DEVICE uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+RAD_DEVICE void copy16(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+RAD_DEVICE void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+RAD_DEVICE void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Waits until at most `pending` copy groups are in flight (pending = stages - 2, stages 2-5).
+RAD_DEVICE void copy_wait_pending(int pending) {
+  switch (pending) {
+    case 0: copy_wait<0>(); break;
+    case 1: copy_wait<1>(); break;
+    case 2: copy_wait<2>(); break;
+    default: copy_wait<3>(); break;
+  }
+}
+
+RAD_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+RAD_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a (16 x 16, row) b (16 x 8, col), fp32 accumulation; BF16 picks the input type.
+template <bool BF16>
+RAD_DEVICE void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two e4m3 values (low byte first) -> two fp16 values (low half first), exactly.
+RAD_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  uint32_t out = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(out) : "r"(pair));
+#endif
+  return out;
+}
+
+RAD_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two fp32 values (lo first) as a 16-bit pair of the products' input type.
+template <bool BF16>
+RAD_DEVICE uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    return (uint32_t)rad_f32_to_bf16(lo) | ((uint32_t)rad_f32_to_bf16(hi) << 16);
+  } else {
+    return (uint32_t)rad_f32_to_f16(lo) | ((uint32_t)rad_f32_to_f16(hi) << 16);
+  }
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `row_bytes` rows.
+RAD_DEVICE uint32_t swizzled(int row, int chunk, int row_bytes) {
+  return (uint32_t)(row * row_bytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// fp8 modes store query element d of each 16-element chunk at position qk_position(d) so that a
+// standard A-fragment ldmatrix hands thread t the elements 4t..4t+3 its K fragment pairs with
+// (see the top): position 2t + e holds element 4t + e, position 8 + 2t + e element 4t + 2 + e.
+RAD_DEVICE int qk_position(int d) { return ((d & 2) << 2) | ((d >> 2) << 1) | (d & 1); }
+
+template <int HEAD, int MODE, int MT>
+__global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
+    split_kv_partial_kernel(const SplitKvArgs p) {
+  constexpr bool FP8 = mode_fp8(MODE);
+  constexpr bool QBF16 = mode_bf16_query(MODE);
+  constexpr bool DOT_BF16 = MODE == 2;
+  constexpr int RB = HEAD * (FP8 ? 1 : 2);  // bytes a key row
+  constexpr int RC = RB / 16;               // 16-byte chunks a key row
+  constexpr int QB = HEAD * 2;              // bytes a query row
+  constexpr int ROWS = MT * 16;
+  constexpr int NT = HEAD / 8;              // output n8 tiles a row tile
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const sq = smem;
+  float* const row_scale = reinterpret_cast<float*>(smem + ROWS * QB);
+  uint8_t* const ring = smem + query_bytes(HEAD, MT);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int mt = warp % MT, ks = warp / MT;
+  const int kw = p.kw, tile = 32 * kw, stages = p.stages;
+  const int seq = blockIdx.x / p.q_blocks_per_seq, q_block = blockIdx.x - seq * p.q_blocks_per_seq;
+  const int kv_head = blockIdx.y, seg = blockIdx.z;
+
+  rad_wait_prior_grids();  // everything below reads what earlier kernels wrote
+  const int q_start = p.cu_q[seq];
+  const int q_len = p.cu_q[seq + 1] - q_start;
+  if (q_block * p.block_q >= q_len) return;
+  const int seq_len = p.seq_lens[seq];
+  const int context = seq_len - q_len;
+  const int num_tiles = (seq_len + tile - 1) / tile;
+  const int per_seg = (num_tiles + p.num_segments - 1) / p.num_segments;
+  const int lo = seg * per_seg;
+  // The block's last row sees keys up to context + its position: tiles past it are skipped.
+  const int block_keys = context + min((q_block + 1) * p.block_q, q_len);
+  const int hi = min(min(lo + per_seg, num_tiles), (block_keys + tile - 1) / tile);
+  if (lo >= hi) return;
+
+  // ---- the KV ring: thread -> (key row, chunks); TPR threads a row ----
+  const int tpr = MT >= 4 ? 4 : (MT >= 2 ? 2 : 1);
+  const int copy_row = threadIdx.x / tpr, copy_sub = threadIdx.x % tpr;
+  const bool copier = copy_row < tile;
+  const int* table = p.block_table + (int64_t)seq * p.bt_stride;
+  auto table_entry = [&](int t) -> int {
+    const int key = t * tile + copy_row;
+    return (copier && key < seq_len) ? table[key / p.block_size] : 0;
+  };
+  auto issue = [&](int t, int entry) {
+    if (!copier) return;
+    const int key = t * tile + copy_row;
+    const bool valid = key < seq_len;
+    const int slot = valid ? key % p.block_size : 0;
+    const uint8_t* ksrc = p.k + ((int64_t)entry * p.k_sb + (int64_t)slot * p.k_ss + (int64_t)kv_head * p.k_sh) * (RB / HEAD);
+    const uint8_t* vsrc = p.v + ((int64_t)entry * p.v_sb + (int64_t)slot * p.v_ss + (int64_t)kv_head * p.v_sh) * (RB / HEAD);
+    uint8_t* kdst = ring + ((t - lo) % stages) * 2 * tile * RB;
+    uint8_t* vdst = kdst + tile * RB;
+    const uint32_t kbase = shared_address(kdst), vbase = shared_address(vdst);
+#pragma unroll 4
+    for (int c = copy_sub; c < RC; c += tpr) {
+      copy16(kbase + swizzled(copy_row, c, RB), valid ? ksrc + 16 * c : p.k, valid);
+      copy16(vbase + swizzled(copy_row, c, RB), valid ? vsrc + 16 * c : p.v, valid);
+    }
+  };
+  int next_tile = lo;
+  int entry = table_entry(lo);
+  for (int s = 0; s < stages - 1; ++s) {
+    if (next_tile < hi) {
+      issue(next_tile, entry);
+      entry = table_entry(next_tile + 1);
+    }
+    ++next_tile;
+    copy_commit();
+  }
+
+  // ---- query rows into shared memory (16 elements a thread), and their score multipliers ----
+  {
+    constexpr int LPR = HEAD / 16;  // threads a query row
+    const int i = threadIdx.x % LPR;
+    const float k_scale = FP8 ? *p.k_scale : 1.f;
+    for (int r = threadIdx.x / LPR; r < ROWS; r += blockDim.x / LPR) {
+      const int pos = q_block * p.block_q + r / p.group;
+      const int head = kv_head * p.group + r % p.group;
+      const bool ok = r < p.block_q * p.group && pos < q_len;
+      uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      if (ok) {
+        const uint4* src = reinterpret_cast<const uint4*>(
+            p.q + ((int64_t)(q_start + pos) * p.q_st + (int64_t)head * p.q_sh + 16 * i) * 2);
+        raw[0] = src[0];
+        raw[1] = src[1];
+      }
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(raw);
+      uint16_t out[16];
+      float scale = p.scale_log2;
+      if constexpr (FP8) {
+        float x[16], amax = 0.f;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          x[e] = QBF16 ? rad_bf16_to_f32(h[e]) : rad_f16_to_f32(h[e]);
+          amax = fmaxf(amax, fabsf(x[e]));
+        }
+#pragma unroll
+        for (int m = 1; m < LPR; m <<= 1) amax = fmaxf(amax, rad_shfl_xor(amax, m));
+        // c = 2^(14 - floor(log2 amax)) from the exponent field (all-zero row: the largest c)
+        const int e2 = (int)((rad_f2u(amax) >> 23) & 0xFF) - 127;
+        const int biased = min(max(127 + 14 - e2, 1), 253);
+        const float c = rad_u2f((uint32_t)biased << 23);
+        const float inv_c = rad_u2f((uint32_t)(254 - biased) << 23);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) out[qk_position(e)] = (uint16_t)rad_f32_to_f16(x[e] * c);
+        scale = p.scale_log2 * k_scale * inv_c;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) out[e] = h[e];
+      }
+      uint8_t* row = sq;
+      *reinterpret_cast<uint4*>(row + swizzled(r, 2 * i, QB)) = *reinterpret_cast<const uint4*>(out);
+      *reinterpret_cast<uint4*>(row + swizzled(r, 2 * i + 1, QB)) = *reinterpret_cast<const uint4*>(out + 8);
+      if (i == 0) row_scale[r] = scale;
+    }
+  }
+
+  // ---- the warp's rows: causal key limits (0 for padding rows: every key masked) ----
+  int key_end[2];
+  float qk_scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = mt * 16 + g + 8 * h;
+    const int pos = q_block * p.block_q + r / p.group;
+    key_end[h] = (r < p.block_q * p.group && pos < q_len) ? context + pos + 1 : 0;
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  const uint32_t q_base = shared_address(sq);
+
+  for (int t = lo; t < hi; ++t) {
+    copy_wait_pending(stages - 2);
+    __syncthreads();  // tile t landed everywhere; tile t - 1's buffer is free
+    if (t == lo) {
+      qk_scale[0] = row_scale[mt * 16 + g];
+      qk_scale[1] = row_scale[mt * 16 + g + 8];
+    }
+    if (next_tile < hi) {
+      issue(next_tile, entry);
+      entry = table_entry(next_tile + 1);
+    }
+    ++next_tile;
+    copy_commit();
+
+    const uint8_t* sk = ring + ((t - lo) % stages) * 2 * tile * RB;
+    const uint32_t k_base = shared_address(sk), v_base = k_base + tile * RB;
+    const int key0 = 32 * ks;  // the warp's first key in the tile
+
+    // S = Q K^T over the warp's 32 keys: 4 n8 tiles
+    float s[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    if constexpr (FP8) {
+#pragma unroll
+      for (int u = 0; u < HEAD / 64; ++u) {  // 64 head elements: 4 k16 steps
+        uint32_t a[4][4];
+#pragma unroll
+        for (int st = 0; st < 4; ++st)
+          ldmatrix_x4(a[st], q_base + swizzled(mt * 16 + (lane & 15), 2 * (4 * u + st) + (lane >> 4), QB));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_base + swizzled(key0 + 8 * j + (lane & 7), 4 * u + (lane >> 3), RB));
+#pragma unroll
+          for (int st = 0; st < 4; ++st)
+            mma16816<false>(s[j], a[st], e4m3x2_to_f16x2(b[st] & 0xFFFF), e4m3x2_to_f16x2(b[st] >> 16));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int st = 0; st < HEAD / 16; ++st) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_base + swizzled(mt * 16 + (lane & 15), 2 * st + (lane >> 4), QB));
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_base + swizzled(key0 + 8 * (j + (lane >> 4)) + (lane & 7), 2 * st + ((lane >> 3) & 1), RB));
+          mma16816<DOT_BF16>(s[j], a, b[0], b[1]);
+          mma16816<DOT_BF16>(s[j + 1], a, b[2], b[3]);
+        }
+      }
+    }
+
+    // online softmax over the warp's keys (thread: rows g and g + 8, keys 8j + 2tq + {0, 1})
+    const int kabs0 = t * tile + key0 + 2 * tq;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const float x = kabs0 + 8 * j + (e & 1) < key_end[h] ? s[j][e] * qk_scale[h] : -INFINITY;
+        s[j][e] = x;
+        tile_max[h] = fmaxf(tile_max[h], x);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], rad_shfl_xor(tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], rad_shfl_xor(tile_max[h], 2));
+      const float m_new = fmaxf(row_max[h], tile_max[h]);
+      // a row with no visible key yet keeps max -inf: exponentiate against 0 so it stays 0
+      base[h] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = fast_exp2(row_max[h] - base[h]);
+      row_max[h] = m_new;
+      row_sum[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
+        row_sum[e >> 1] += s[j][e];
+      }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+
+    // O += P V over the warp's keys, 16 at a time
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) {
+      const uint32_t a[4] = {pack2<DOT_BF16>(s[2 * kh][0], s[2 * kh][1]), pack2<DOT_BF16>(s[2 * kh][2], s[2 * kh][3]),
+                             pack2<DOT_BF16>(s[2 * kh + 1][0], s[2 * kh + 1][1]),
+                             pack2<DOT_BF16>(s[2 * kh + 1][2], s[2 * kh + 1][3])};
+      const int vrow = key0 + 16 * kh + (lane & 7) + 8 * ((lane >> 3) & 1);
+      if constexpr (FP8) {
+#pragma unroll
+        for (int c = 0; c < HEAD / 16; c += 2) {  // two 16-element chunks: four n8 tiles
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_base + swizzled(vrow, c + (lane >> 4), RB));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t lo_keys = __byte_perm(b[2 * h], 0, 0x3120);      // keys 2tq, 2tq+1
+            const uint32_t hi_keys = __byte_perm(b[2 * h + 1], 0, 0x3120);  // keys 2tq+8, 2tq+9
+            mma16816<false>(acc[2 * (c + h)], a, e4m3x2_to_f16x2(lo_keys & 0xFFFF), e4m3x2_to_f16x2(hi_keys & 0xFFFF));
+            mma16816<false>(acc[2 * (c + h) + 1], a, e4m3x2_to_f16x2(lo_keys >> 16), e4m3x2_to_f16x2(hi_keys >> 16));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < HEAD / 8; c += 2) {  // two 8-element chunks: two n8 tiles
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_base + swizzled(vrow, c + (lane >> 4), RB));
+          mma16816<DOT_BF16>(acc[c], a, b[0], b[1]);
+          mma16816<DOT_BF16>(acc[c + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+  rad_release_dependents();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += rad_shfl_xor(row_sum[h], 1);
+    row_sum[h] += rad_shfl_xor(row_sum[h], 2);
+  }
+  if constexpr (FP8) {
+    const float vs = *p.v_scale;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[n][e] *= vs;
+  }
+
+  // ---- merge the key slices of each row tile (slice 0 keeps the result) ----
+  if (kw > 1) {
+    copy_wait<0>();
+    __syncthreads();  // every warp is past the loop: the ring is free
+    float* const merge = reinterpret_cast<float*>(ring);
+    constexpr int SLOT = (NT * 4 + 4) * 32;  // floats a (slice, row tile): values lane-minor
+    if (ks > 0) {
+      float* m = merge + ((ks - 1) * MT + mt) * SLOT;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m[(4 * n + e) * 32 + lane] = acc[n][e];
+      m[(4 * NT + 0) * 32 + lane] = row_max[0];
+      m[(4 * NT + 1) * 32 + lane] = row_max[1];
+      m[(4 * NT + 2) * 32 + lane] = row_sum[0];
+      m[(4 * NT + 3) * 32 + lane] = row_sum[1];
+    }
+    __syncthreads();
+    if (ks > 0) return;
+    for (int other = 1; other < kw; ++other) {
+      const float* m = merge + ((other - 1) * MT + mt) * SLOT;
+      float wa[2], wb[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float om = m[(4 * NT + h) * 32 + lane];
+        const float top = fmaxf(row_max[h], om);
+        wa[h] = top == -INFINITY ? 0.f : fast_exp2(row_max[h] - top);
+        wb[h] = top == -INFINITY ? 0.f : fast_exp2(om - top);
+        row_sum[h] = row_sum[h] * wa[h] + m[(4 * NT + 2 + h) * 32 + lane] * wb[h];
+        row_max[h] = top;
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = acc[n][e] * wa[e >> 1] + m[(4 * n + e) * 32 + lane] * wb[e >> 1];
+    }
+  }
+
+  // ---- store the row tile's partials ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = mt * 16 + g + 8 * h;
+    const int pos = q_block * p.block_q + r / p.group;
+    if (r >= p.block_q * p.group || pos >= q_len) continue;
+    const int head = kv_head * p.group + r % p.group;
+    const int64_t unit = ((int64_t)(q_start + pos) * p.num_q_heads + head) * p.num_segments + seg;
+    float* out = p.part_out + unit * HEAD;
+    if constexpr (FP8) {
+#pragma unroll
+      for (int c = 0; c < HEAD / 16; ++c)
+        *reinterpret_cast<float4*>(out + 16 * c + 4 * tq) =
+            make_float4(acc[2 * c][2 * h], acc[2 * c + 1][2 * h], acc[2 * c][2 * h + 1], acc[2 * c + 1][2 * h + 1]);
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+        *reinterpret_cast<float2*>(out + 8 * n + 2 * tq) = make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+    }
+    if (tq == 0) {
+      p.part_max[unit] = row_max[h];
+      p.part_sum[unit] = row_sum[h];
+    }
+  }
+}
+
+template <int HEAD, int MODE, int MT>
+rad_error_t launch_split_kv(dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+  auto kernel = split_kv_partial_kernel<HEAD, MODE, MT>;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  return rad_launch(kernel, grid, dim3(32 * MT * p.kw), stream, p, 1, (size_t)smem);
+}
+
+template <int HEAD, int MODE>
+rad_error_t launch_split_kv_rows(int mt, dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+  switch (mt) {
+    case 1: return launch_split_kv<HEAD, MODE, 1>(grid, p, smem, stream);
+    case 2: return launch_split_kv<HEAD, MODE, 2>(grid, p, smem, stream);
+    case 3: return launch_split_kv<HEAD, MODE, 3>(grid, p, smem, stream);
+    case 4: return launch_split_kv<HEAD, MODE, 4>(grid, p, smem, stream);
+    default: return launch_split_kv<HEAD, MODE, 5>(grid, p, smem, stream);
+  }
+}
+
+template <int HEAD>
+rad_error_t launch_split_kv_mode(int mode, int mt, dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+  switch (mode) {
+    case 0: return launch_split_kv_rows<HEAD, 0>(mt, grid, p, smem, stream);
+    case 1: return launch_split_kv_rows<HEAD, 1>(mt, grid, p, smem, stream);
+    case 2: return launch_split_kv_rows<HEAD, 2>(mt, grid, p, smem, stream);
+    default: return launch_split_kv_rows<HEAD, 3>(mt, grid, p, smem, stream);
+  }
+}
+
+#endif  // !RADIANCE_HIP
+
+}  // namespace
+}  // namespace radiance
+
+// Whether this device runs radiance_split_kv_partial: NVIDIA sm_89+ (the fp8 pair conversion).
+RAD_EXPORT int radiance_split_kv_supported(void) {
+#ifdef RADIANCE_HIP
+  return 0;
+#else
+  return radiance::device_compute_capability() >= 89 ? 1 : 0;
+#endif
+}
+
+// Shared memory bytes a launch takes (0 for shapes it has no instance of): callers check it
+// against the device's limit before launching.
+RAD_EXPORT int radiance_split_kv_smem(int head, int mode, int m_tiles, int key_warps, int stages) {
+  if ((head != 128 && head != 256) || mode < 0 || mode > 3 || m_tiles < 1 || m_tiles > 5 ||
+      (key_warps != 1 && key_warps != 2 && key_warps != 4 && key_warps != 8) || stages < 2 || stages > 5 ||
+      32 * m_tiles * key_warps > (head == 256 ? 256 : 512))
+    return 0;
+  return radiance::split_kv_smem(head, mode, m_tiles, key_warps, stages);
+}
+
+// The partial pass of split-KV paged attention (see the top). q [tokens, q_heads, head] (strides
+// q_st, q_sh elements; head contiguous); k, v caches [blocks, block_size, kv_heads, head] (strides
+// in elements; head contiguous), fp8 e4m3 (mode 0, 1) or the query's dtype (mode 2 bf16, 3
+// fp16); block_table [seqs, bt_stride] int32; seq_lens [seqs]; cu_q [seqs + 1] query starts;
+// part_out [tokens, q_heads, segments, head] fp32, part_max / part_sum [tokens, q_heads,
+// segments]; k_scale / v_scale: one float each (fp8 modes); scale_log2: softmax scale x log2(e).
+// Grid: (seqs x q_blocks_per_seq, kv_heads, segments); a query block is block_q tokens of a
+// sequence x `group` heads, at most 16 m_tiles rows; key_warps x 32 keys a KV tile (the unit the
+// segments split, which the reduce must use too); stages KV tiles in flight.
+// Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
+RAD_EXPORT int radiance_split_kv_partial(const void* q, int64_t q_st, int64_t q_sh, const void* k,
+                                         int64_t k_sb, int64_t k_ss, int64_t k_sh, const void* v,
+                                         int64_t v_sb, int64_t v_ss, int64_t v_sh,
+                                         const int* block_table, int64_t bt_stride, const int* seq_lens,
+                                         const int* cu_q, float* part_out, float* part_max,
+                                         float* part_sum, const float* k_scale, const float* v_scale,
+                                         float scale_log2, int head, int mode, int num_seqs,
+                                         int num_kv_heads, int num_q_heads, int q_blocks_per_seq,
+                                         int num_segments, int block_q, int block_size, int m_tiles,
+                                         int key_warps, int stages, void* stream) {
+#ifdef RADIANCE_HIP
+  (void)q, (void)q_st, (void)q_sh, (void)k, (void)k_sb, (void)k_ss, (void)k_sh, (void)v, (void)v_sb;
+  (void)v_ss, (void)v_sh, (void)block_table, (void)bt_stride, (void)seq_lens, (void)cu_q;
+  (void)part_out, (void)part_max, (void)part_sum, (void)k_scale, (void)v_scale, (void)scale_log2;
+  (void)head, (void)mode, (void)num_seqs, (void)num_kv_heads, (void)num_q_heads;
+  (void)q_blocks_per_seq, (void)num_segments, (void)block_q, (void)block_size, (void)m_tiles;
+  (void)key_warps, (void)stages, (void)stream;
+  return (int)rad_error_invalid_value;
+#else
+  using namespace radiance;
+  const int bad = (int)rad_error_invalid_value;
+  const int smem = radiance_split_kv_smem(head, mode, m_tiles, key_warps, stages);
+  if (!radiance_split_kv_supported() || smem == 0) return bad;
+  if (num_seqs < 1 || num_kv_heads < 1 || num_q_heads % num_kv_heads || q_blocks_per_seq < 1 ||
+      num_segments < 1 || block_q < 1 || block_size < 1 || bt_stride < 1)
+    return bad;
+  const int group = num_q_heads / num_kv_heads;
+  if (block_q * group > 16 * m_tiles || (mode_fp8(mode) && (k_scale == nullptr || v_scale == nullptr)))
+    return bad;
+  if ((q_st | q_sh | k_sb | k_ss | k_sh | v_sb | v_ss | v_sh) < 0) return bad;
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || smem > optin)
+    return bad;
+  SplitKvArgs p;
+  p.q = static_cast<const uint8_t*>(q);
+  p.k = static_cast<const uint8_t*>(k);
+  p.v = static_cast<const uint8_t*>(v);
+  p.block_table = block_table;
+  p.seq_lens = seq_lens;
+  p.cu_q = cu_q;
+  p.part_out = part_out;
+  p.part_max = part_max;
+  p.part_sum = part_sum;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  p.scale_log2 = scale_log2;
+  p.q_st = q_st, p.q_sh = q_sh;
+  p.k_sb = k_sb, p.k_ss = k_ss, p.k_sh = k_sh;
+  p.v_sb = v_sb, p.v_ss = v_ss, p.v_sh = v_sh;
+  p.bt_stride = bt_stride;
+  p.num_q_heads = num_q_heads;
+  p.q_blocks_per_seq = q_blocks_per_seq;
+  p.num_segments = num_segments;
+  p.group = group;
+  p.block_q = block_q;
+  p.block_size = block_size;
+  p.kw = key_warps;
+  p.stages = stages;
+  const dim3 grid((unsigned)(num_seqs * q_blocks_per_seq), (unsigned)num_kv_heads, (unsigned)num_segments);
+  rad_stream_t s = static_cast<rad_stream_t>(stream);
+  return (int)(head == 256 ? launch_split_kv_mode<256>(mode, m_tiles, grid, p, smem, s)
+                           : launch_split_kv_mode<128>(mode, m_tiles, grid, p, smem, s));
+#endif
+}

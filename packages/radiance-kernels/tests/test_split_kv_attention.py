@@ -1,0 +1,52 @@
+"""The split-KV attention partial pass's host side: launch arithmetic and argument checks (no GPU).
+Its numerics run on the GPU in radiance-attn's tests/test_gpu_split_kv.py (with the reduce)."""
+
+import pytest
+import torch
+
+from radiance.kernels import split_kv_attention as skv
+
+FP8, BF16, F16 = torch.float8_e4m3fn, torch.bfloat16, torch.float16
+
+
+def test_launch_refusal_reasons():
+    assert skv.launch_refusal(256, FP8, BF16, 5, 1, 2) is None  # a width-9 verify block, 160 threads
+    assert skv.launch_refusal(128, F16, F16, 3, 4, 3) is None
+    assert "head size 64" in skv.launch_refusal(64, FP8, BF16, 1, 1, 2)
+    assert "KV with" in skv.launch_refusal(128, BF16, F16, 1, 1, 2)
+    assert "row tiles" in skv.launch_refusal(128, FP8, BF16, 6, 1, 2)
+    assert "key warps" in skv.launch_refusal(128, FP8, BF16, 1, 3, 2)
+    assert "stages" in skv.launch_refusal(128, FP8, BF16, 1, 1, 6)
+    assert "320 threads" in skv.launch_refusal(256, FP8, BF16, 5, 2, 2)
+    assert skv.launch_refusal(128, FP8, BF16, 5, 2, 2) is None  # head 128 takes 512 threads
+    # two bf16 stages of 256 keys x 256 elements (K and V): 512 KiB, beyond any GPU's block limit
+    assert "shared memory" in skv.launch_refusal(256, BF16, BF16, 1, 8, 2, smem_limit=227 * 1024)
+
+
+def test_smem_bytes():
+    # query rows (16 x 256 x 2) + 512 + a ring of 2 stages x K and V x 64 keys x 256 fp8 bytes
+    assert skv.smem_bytes(256, FP8, 1, 2, 2) == 8192 + 512 + 65536
+    # one key warp's merge is nothing; four key warps' merge of a 16 x 128 tile can outgrow the ring
+    assert skv.smem_bytes(128, FP8, 2, 4, 2) == 2 * 4096 + 512 + max(2 * 2 * 128 * 128, 3 * 2 * 68 * 32 * 4)
+
+
+def test_host_checks_before_launch():
+    q = torch.zeros(2, 16, 256, dtype=BF16)
+    k = torch.zeros(8, 16, 2, 256, dtype=FP8)
+    bt = torch.zeros(2, 4, dtype=torch.int32)
+    lens = torch.full((2,), 64, dtype=torch.int32)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    part = torch.zeros(2 * 16 * 4 * 256), torch.zeros(2 * 16 * 4), torch.zeros(2 * 16 * 4)
+    scale = torch.ones(1)
+    args = dict(softmax_scale=0.1, q_blocks_per_seq=1, block_q=1, num_segments=4, key_warps=2,
+                k_scale=scale, v_scale=scale)
+    with pytest.raises(ValueError, match="block_q 3 x 8 heads"):
+        skv.split_kv_partial(q, k, k, bt, lens, cu, *part, **dict(args, block_q=3, row_tiles=1))
+    with pytest.raises(ValueError, match="part_out"):
+        skv.split_kv_partial(q, k, k, bt, lens, cu, part[0][:100], *part[1:], **args)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        skv.split_kv_partial(q, k, k, bt, lens, cu[:2], *part, **args)
+    with pytest.raises(TypeError, match="differ"):
+        skv.split_kv_partial(q, k, k.to(BF16), bt, lens, cu, *part, **args)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        skv.split_kv_partial(q, k, k, bt, lens, cu, *part, **args)
