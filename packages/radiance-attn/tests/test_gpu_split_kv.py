@@ -152,3 +152,17 @@ def test_cuda_partial_refuses_bad_input():
         split_kv_attention.split_kv_partial(q, k, v, bt, lens.long(), cu, *part, **common)
     with pytest.raises(ValueError, match="threads a block"):
         split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, key_warps=8, row_tiles=2))
+
+
+def test_cuda_partial_smem_arithmetic_matches_the_library():
+    """The host's shared-memory arithmetic (launch_refusal's limit check) is the source's own."""
+    from radiance.kernels import library, split_kv_attention
+
+    lib = library.get(0)
+    modes = {0: (torch.float8_e4m3fn, torch.bfloat16), 2: (torch.bfloat16, torch.bfloat16)}
+    for head, mode, rows, kw, st in [(256, 0, 5, 1, 3), (256, 2, 1, 8, 2), (128, 0, 2, 4, 2), (128, 2, 3, 2, 5)]:
+        kv, qd = modes[mode]
+        if split_kv_attention.launch_refusal(head, kv, qd, rows, kw, st) is None:
+            assert lib.split_kv_smem(head, mode, rows, kw, st) == split_kv_attention.smem_bytes(head, kv, rows, kw, st)
+        else:
+            assert lib.split_kv_smem(head, mode, rows, kw, st) == 0
