@@ -34,11 +34,12 @@ shared memory and blocks an SM.
 Writes ``split_kv_latency.json``.
 
 ``--cuda``: at the same points, what radiance ships (its wrapper with the sm_90 table) against the
-CUDA partial pass (radiance-kernels' ``split_kv_partial``, then the same reduce) at KV tiles
-{32, 64, 128, 256} x stages {2, 3, 4} x the shipped segment count halved, as is and doubled,
-wherever the kernel has the launch; all alternated twice, the faster of each kept, and the
-fastest CUDA launch's output checked against the fp32 reference (largest row difference in bf16
-ulps of the row's largest value). Writes ``split_kv_cuda_probe.json``.
+CUDA partial pass (radiance-kernels' ``split_kv_partial``, then the same reduce) at 16 or 32 keys
+a warp x 1-8 key warps x stages {2, 3, 4} x the shipped segment count halved, as is and doubled, wherever the kernel has the launch; all alternated twice, the
+faster of each kept, and the fastest CUDA launch's output checked against the fp32 reference
+(largest row difference in bf16 ulps of the row's largest value). Writes
+``split_kv_cuda_probe.{json,md,png}``; ``--replot JSON`` rewrites the table and plot of an earlier
+run without a GPU.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def around_probe(args, classes, out: Path, t0: float) -> None:
 
 
 def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int) -> dict[str, policy.TritonLaunch]:
-    """The CUDA partial pass's launches at a point, named cuda_t{tile}_st{stages}_s{segments}."""
+    """The CUDA partial pass's launches at a point, named cuda_t{tile}_w{key warps}_st{stages}_s{segments}
+    (16 or 32 keys a warp)."""
     import torch
 
     from radiance.kernels import split_kv_attention
@@ -168,12 +170,12 @@ def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int) -> 
     kv = torch.float8_e4m3fn if k.kv_dtype == "fp8" else torch.bfloat16
     row_tiles = -(-width * (k.num_query_heads // k.num_kv_heads) // 16)
     out = {}
-    for tile, st, seg in itertools.product((32, 64, 128, 256), (2, 3, 4),
-                                           sorted({min(256, max(4, s)) for s in (segments // 2, segments, 2 * segments)})):
-        if split_kv_attention.launch_refusal(k.head_size, kv, torch.bfloat16, row_tiles, tile // 32, st, smem_limit):
+    for kpw, kw, st, seg in itertools.product(split_kv_attention.KEYS_PER_WARP, split_kv_attention.KEY_WARPS, (2, 3, 4),
+                                              sorted({min(256, max(4, s)) for s in (segments // 2, segments, 2 * segments)})):
+        if split_kv_attention.launch_refusal(k.head_size, kv, torch.bfloat16, row_tiles, kw, st, smem_limit, kpw):
             continue
-        out[f"cuda_t{tile}_st{st}_s{seg}"] = policy.TritonLaunch(seg, 16 * row_tiles, width, tile, None, st, "cuda",
-                                                                  kernel="radiance")
+        out[f"cuda_t{kpw * kw}_w{kw}_st{st}_s{seg}"] = policy.TritonLaunch(seg, 16 * row_tiles, width, kpw * kw, kw, st,
+                                                                            "cuda", kernel="radiance")
     return out
 
 
@@ -191,6 +193,8 @@ def cuda_probe(args, classes, out: Path, t0: float) -> None:
     smem_limit = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
     rows = []
+    record = {"gpu": torch.cuda.get_device_name(dev), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "results": rows}
     for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
                                                                   t0 + args.budget_s):
         rs = [b.radiance_kwargs(kw) for kw in sets]
@@ -220,13 +224,43 @@ def cuda_probe(args, classes, out: Path, t0: float) -> None:
               f"({times['shipped'] / floor:.2f}x) cuda {times[best]:.1f} ({times[best] / floor:.2f}x, {best}) "
               f"ulps shipped {rows[-1]['ulps_vs_ref']['shipped']:.2f} cuda {rows[-1]['ulps_vs_ref']['cuda']:.2f}",
               flush=True)
-        (out / "split_kv_cuda_probe.json").write_text(json.dumps({"results": rows}, indent=1))
-    (out / "split_kv_cuda_probe.md").write_text(cuda_table(rows, torch.cuda.get_device_name(dev)))
+        (out / "split_kv_cuda_probe.json").write_text(json.dumps(record, indent=1))
+    (out / "split_kv_cuda_probe.md").write_text(cuda_table(rows, record["gpu"], record["when"]))
+    cuda_plot(rows, record["gpu"], out / "split_kv_cuda_probe.png")
 
 
-def cuda_table(rows: list[dict], gpu: str) -> str:
+def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
+    """Each point's fastest CUDA launch over the shipped launch, by class; below 1: the CUDA pass wins."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        print(f"no plot: matplotlib not importable ({exc})")
+        return
+    classes = list(dict.fromkeys(r["class"] for r in rows))
+    fig, axes = plt.subplots(1, len(classes), figsize=(4 * len(classes), 3.6), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], classes):
+        mine = [r for r in rows if r["class"] == name]
+        for width, marker in ((1, "o"), (4, "s"), (9, "^")):
+            pts = [r for r in mine if r["width"] == width]
+            ax.scatter([f"{r['ctx'] // 1024}K x{r['seqs']}" for r in pts], [r["best_us"] / r["shipped_us"] for r in pts],
+                       marker=marker, label=f"width {width}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(axis="x", labelsize=7, rotation=45)
+    axes[0][0].set_ylabel("CUDA pass / shipped (time)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"split-KV partial pass: CUDA vs shipped, {gpu}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cuda_table(rows: list[dict], gpu: str, when: str) -> str:
     """The CUDA probe's records as a markdown table, with counts within 2x of the floor."""
-    lines = [f"# The CUDA partial pass against what radiance ships ({gpu}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+    lines = [f"# The CUDA partial pass against what radiance ships ({gpu}, {when})",
              "", "Medians of CUDA-graph replays, KV rotated past L2, two alternations, the faster kept. "
              "floor: the KV bytes at 4.25 TB/s. ulps: the largest row difference from the fp32 reference, "
              "in bf16 ulps of the row's largest value.", "",
@@ -434,8 +468,16 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", action="store_true",
                     help="only the shipped launch against the block table one tile ahead and register caps")
     ap.add_argument("--cuda", action="store_true", help="only the shipped wrapper against the CUDA partial pass")
+    ap.add_argument("--replot", metavar="JSON", help="rewrite an earlier --cuda run's table and plot into --out")
     ap.add_argument("--classes", help="comma list of class names (default: all)")
     args = ap.parse_args(argv)
+    if args.replot:
+        record = json.loads(Path(args.replot).read_text())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "split_kv_cuda_probe.md").write_text(cuda_table(record["results"], record["gpu"], record["when"]))
+        cuda_plot(record["results"], record["gpu"], out / "split_kv_cuda_probe.png")
+        return 0
     classes = [c for c in tune.CLASSES if not args.classes or c.name in args.classes.split(",")]
     import torch
 

@@ -4,7 +4,10 @@
         python benchmarks/profile_split_kv.py --class h256_kv2_fp8 --ctx 32768 --seqs 1 --width 1
 
 The launch is the shipped table's for that geometry (or ``--segments/--tile/--warps/--block-m``),
-on the tuning harness's inputs (random KV, unit fp8 scales); it runs ``--reps`` times.
+on the tuning harness's inputs (random KV, unit fp8 scales); it runs ``--reps`` times. ``--cuda``
+runs radiance-kernels' CUDA partial pass instead of the Triton one (``--warps`` its key warps,
+``--tile`` / ``--warps`` keys a warp, ``--stages`` its ring depth; the kernel is
+``split_kv_partial_kernel``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", type=int)
     ap.add_argument("--warps", type=int)
     ap.add_argument("--block-m", type=int)
+    ap.add_argument("--stages", type=int)
+    ap.add_argument("--cuda", action="store_true", help="the CUDA partial pass")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args(argv)
     import torch
@@ -46,14 +51,20 @@ def main(argv=None) -> int:
     if launch is None:  # the table keeps stock here: profile a plain 64-segment launch
         launch = policy.TritonLaunch(64, 16, max(1, 16 // qpkv), 64, 4, 2, "profile")
     bm = args.block_m or launch.block_m
+    if args.cuda:  # the query rows padded to 16, not to BLOCK_M
+        bm = 16 * -(-args.width * qpkv // 16)
     launch = dataclasses.replace(launch, kernel="radiance", num_segments=args.segments or launch.num_segments,
                                  tile_size=args.tile or launch.tile_size, num_warps=args.warps or launch.num_warps,
-                                 block_m=bm, block_q=max(1, bm // qpkv))
+                                 block_m=bm, block_q=max(1, bm // qpkv),
+                                 num_stages=args.stages or launch.num_stages)
+    if args.cuda:  # num_warps: the key warps (None: tile / 32)
+        launch = dataclasses.replace(launch, block_q=args.width, num_warps=args.warps)
     print(f"{k.name} ctx={args.ctx} seqs={args.seqs} width={args.width}: {launch.describe()}", flush=True)
     for _ in range(args.reps):
         split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
                                kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
-                               kw["v_descale"], launch, b.segm_out, b.segm_max, b.segm_sum)
+                               kw["v_descale"], launch, b.segm_out, b.segm_max, b.segm_sum,
+                               partial_pass="cuda" if args.cuda else "triton")
     torch.cuda.synchronize()
     return 0
 

@@ -101,17 +101,21 @@ def test_latency_options_change_no_bit(kv, head, q_heads, kv_heads, width, block
     (1, 1, 32, 2, 64), (1, 1, 128, 3, 16), (1, 1, 256, 2, 8), (4, 4, 64, 2, 32), (4, 2, 128, 4, 4),
     (9, 9, 32, 3, 64), (9, 4, 64, 2, 16), (2, 2, 32, 5, 1)])
 @pytest.mark.parametrize("q_mag", [1.0, 1.0e6])
-def test_cuda_partial_matches_reference(kv, head, q_heads, kv_heads, width, block_q, tile, stages, segments, q_mag):
+@pytest.mark.parametrize("keys_per_warp", [16, 32])
+def test_cuda_partial_matches_reference(kv, head, q_heads, kv_heads, width, block_q, tile, stages, segments, q_mag,
+                                        keys_per_warp):
     """The CUDA partial pass (radiance-kernels' split_kv_partial) followed by the same reduce, against
     float64: every row within the bound the Triton partial pass meets."""
     from radiance.kernels import split_kv_attention
 
     group = q_heads // kv_heads
     row_tiles = -(-block_q * group // 16)
+    key_warps = tile // keys_per_warp
     kv_dtype = torch.float8_e4m3fn if kv.startswith("fp8") else (torch.float16 if kv == "fp16" else torch.bfloat16)
     q_dtype = torch.float16 if kv in ("fp16", "fp8_fp16q") else torch.bfloat16
-    why = split_kv_attention.launch_refusal(head, kv_dtype, q_dtype, row_tiles, tile // 32, stages,
-                                            torch.cuda.get_device_properties(0).shared_memory_per_block_optin)
+    why = split_kv_attention.launch_refusal(head, kv_dtype, q_dtype, row_tiles, key_warps, stages,
+                                            torch.cuda.get_device_properties(0).shared_memory_per_block_optin,
+                                            keys_per_warp)
     if why is not None:
         pytest.skip(f"no such launch: {why}")
     q, k, v, cu, lens, bt, ks, vs, k_scale, v_scale = _inputs("fp8" if kv.startswith("fp8") else "bf16", head,
@@ -121,7 +125,7 @@ def test_cuda_partial_matches_reference(kv, head, q_heads, kv_heads, width, bloc
     if kv == "fp16":
         k, v = k.half(), v.half()
     sm_scale = head**-0.5 / (q_mag if q_dtype == torch.bfloat16 else 100.0)
-    launch = policy.TritonLaunch(segments, 16 * row_tiles, block_q, tile, None, stages, "t", kernel="radiance")
+    launch = policy.TritonLaunch(segments, 16 * row_tiles, block_q, tile, key_warps, stages, "t", kernel="radiance")
     units = q.shape[0] * q.shape[1] * segments
     part = (torch.full((units * head,), float("nan"), device=q.device),
             torch.full((units,), float("nan"), device=q.device), torch.full((units,), float("nan"), device=q.device))
@@ -146,6 +150,8 @@ def test_cuda_partial_refuses_bad_input():
                   k_scale=k_scale, v_scale=v_scale)
     with pytest.raises(ValueError, match="key warps"):
         split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, key_warps=3))
+    with pytest.raises(ValueError, match="keys a warp"):
+        split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, keys_per_warp=8))
     with pytest.raises(ValueError, match="fp8 KV needs k_scale"):
         split_kv_attention.split_kv_partial(q, k, v, bt, lens, cu, *part, **dict(common, k_scale=None))
     with pytest.raises(ValueError, match="seq_lens"):
@@ -162,7 +168,8 @@ def test_cuda_partial_smem_arithmetic_matches_the_library():
     modes = {0: (torch.float8_e4m3fn, torch.bfloat16), 2: (torch.bfloat16, torch.bfloat16)}
     for head, mode, rows, kw, st in [(256, 0, 5, 1, 3), (256, 2, 1, 8, 2), (128, 0, 2, 4, 2), (128, 2, 3, 2, 5)]:
         kv, qd = modes[mode]
-        if split_kv_attention.launch_refusal(head, kv, qd, rows, kw, st) is None:
-            assert lib.split_kv_smem(head, mode, rows, kw, st) == split_kv_attention.smem_bytes(head, kv, rows, kw, st)
-        else:
-            assert lib.split_kv_smem(head, mode, rows, kw, st) == 0
+        for kpw in (16, 32):
+            want = split_kv_attention.smem_bytes(head, kv, rows, kw, st, kpw)
+            if split_kv_attention.launch_refusal(head, kv, qd, rows, kw, st, keys_per_warp=kpw) is not None:
+                want = 0
+            assert lib.split_kv_smem(head, mode, rows, kpw, kw, st) == want

@@ -59,7 +59,7 @@ GOOD = textwrap.dedent("""
         const void*, int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t,
         int64_t, int64_t, float*, int*, int, int, int, void*) { return 0; }
     int radiance_split_kv_supported(void) { return 0; }
-    int radiance_split_kv_smem(int, int, int, int, int) { return 0; }
+    int radiance_split_kv_smem(int, int, int, int, int, int) { return 0; }
     int radiance_split_kv_partial(void) { return 0; }
     }
 """)
@@ -208,6 +208,16 @@ def test_wrong_abi_version_is_unavailable(fake_gpu, tmp_path):
     fake_gpu(_write(tmp_path / "src", GOOD, abi=1))
     assert library.get() is None
     assert f"ABI version 1, expected {library.ABI_VERSION}" in library.why_not()
+
+
+def test_the_source_reports_the_abi_version_the_loader_expects():
+    """abi.cu's radiance_abi_version is the loader's ABI_VERSION: bumping one without the other
+    makes every fresh build unloadable, which only a GPU run would otherwise show."""
+    import re
+
+    text = (library.CSRC_DIR / "abi.cu").read_text()
+    found = re.findall(r"int radiance_abi_version\(void\)\s*\{\s*return\s+(\d+)\s*;", text)
+    assert found == [str(library.ABI_VERSION)]
 
 
 BAD = "__global__ void broken( { }\n"

@@ -16,6 +16,8 @@ def test_launch_refusal_reasons():
     assert "KV with" in skv.launch_refusal(128, BF16, F16, 1, 1, 2)
     assert "row tiles" in skv.launch_refusal(128, FP8, BF16, 6, 1, 2)
     assert "key warps" in skv.launch_refusal(128, FP8, BF16, 1, 3, 2)
+    assert "keys a warp" in skv.launch_refusal(128, FP8, BF16, 1, 2, 2, keys_per_warp=64)
+    assert skv.launch_refusal(256, BF16, BF16, 1, 4, 3, keys_per_warp=16) is None
     assert "stages" in skv.launch_refusal(128, FP8, BF16, 1, 1, 6)
     assert "320 threads" in skv.launch_refusal(256, FP8, BF16, 5, 2, 2)
     assert skv.launch_refusal(128, FP8, BF16, 5, 2, 2) is None  # head 128 takes 512 threads
@@ -24,10 +26,14 @@ def test_launch_refusal_reasons():
 
 
 def test_smem_bytes():
-    # query rows (16 x 256 x 2) + 512 + a ring of 2 stages x K and V x 64 keys x 256 fp8 bytes
-    assert skv.smem_bytes(256, FP8, 1, 2, 2) == 8192 + 512 + 65536
-    # one key warp's merge is nothing; four key warps' merge of a 16 x 128 tile can outgrow the ring
-    assert skv.smem_bytes(128, FP8, 2, 4, 2) == 2 * 4096 + 512 + max(2 * 2 * 128 * 128, 3 * 2 * 68 * 32 * 4)
+    # query rows (16 x 256 x 2) + 512 + 2 stages x 64 table entries + a ring of 2 stages x K and V x
+    # 64 keys x 256 fp8 bytes
+    assert skv.smem_bytes(256, FP8, 1, 2, 2) == 8192 + 512 + 2 * 64 * 4 + 65536
+    # four key warps' merge of a 16 x 128 tile can outgrow the ring
+    assert skv.smem_bytes(128, FP8, 2, 4, 2) == 2 * 4096 + 512 + 2 * 128 * 4 + max(2 * 2 * 128 * 128,
+                                                                                   3 * 2 * 68 * 32 * 4)
+    # 16 keys a warp: half the tile, half the ring and entries, the same merge
+    assert skv.smem_bytes(256, BF16, 1, 4, 3, 16) == 8192 + 512 + 3 * 64 * 4 + 3 * 2 * 64 * 512
 
 
 def test_host_checks_before_launch():

@@ -275,8 +275,9 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
 
     ``partial_pass``: "triton" (``_partial`` above) or "cuda": radiance-kernels'
     ``split_kv_partial`` (the same algebra, mma.sync with the query rows padded to 16 instead of
-    BLOCK_M, the KV tile's keys split over warps; ``launch_cfg.tile_size`` = 32 x its key warps,
-    ``num_stages`` its ring depth, ``num_warps`` and BLOCK_M unused). The same reduce follows.
+    BLOCK_M, the KV tile's keys split over warps: ``num_warps`` is its key warps (None: tile / 32),
+    each taking ``tile_size / num_warps`` keys (16 or 32) of a tile, ``num_stages`` its ring depth,
+    BLOCK_M unused). The same reduce follows.
     """
     import torch
 
@@ -298,10 +299,15 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     if partial_pass == "cuda":
         from radiance.kernels import split_kv_attention
 
+        key_warps = launch_cfg.num_warps or launch_cfg.tile_size // 32
+        if launch_cfg.tile_size % key_warps:
+            raise ValueError(f"a {launch_cfg.tile_size}-key tile does not split over {key_warps} key warps")
+
         split_kv_attention.split_kv_partial(
             q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum,
             softmax_scale=softmax_scale, q_blocks_per_seq=q_blocks, block_q=launch_cfg.block_q,
-            num_segments=seg, key_warps=launch_cfg.tile_size // 32, stages=launch_cfg.num_stages or 2,
+            num_segments=seg, key_warps=key_warps, keys_per_warp=launch_cfg.tile_size // key_warps,
+            stages=launch_cfg.num_stages or 2,
             k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
         compiled = None
     else:

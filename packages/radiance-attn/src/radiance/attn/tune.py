@@ -274,7 +274,7 @@ def probe_parser(doc: str, budget_s: float) -> argparse.ArgumentParser:
     """The command line the probes in benchmarks/ share."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel-src", required=True)
+    ap.add_argument("--kernel-src", help="vLLM's staged kernel (stage_vllm_kernel.py); every GPU run needs it")
     ap.add_argument("--budget-s", type=float, default=budget_s)
     ap.add_argument("--jobs", type=int, default=15)
     return ap
@@ -282,6 +282,8 @@ def probe_parser(doc: str, budget_s: float) -> argparse.ArgumentParser:
 
 def probe_device(kernel_src):
     """What a probe in benchmarks/ runs on: vLLM's staged kernel module, the GPU, its arch, SMs."""
+    if kernel_src is None:
+        raise SystemExit("--kernel-src: the folder stage_vllm_kernel.py wrote (vLLM's kernel) is required here")
     torch = _torch()
     device = torch.device("cuda")
     return (kernel_source.load(kernel_src), device, detect_arch(device),

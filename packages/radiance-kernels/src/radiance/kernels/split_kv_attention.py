@@ -7,7 +7,7 @@ reduce kernel rescales and sums (radiance-attn's ``split_kv_kernel`` runs both; 
 ``reference.unified_attention`` is the specification the pair is checked against). The source
 explains the numerics; this module checks arguments and launches.
 
-Segment ``s`` of a sequence with ``T`` tiles of ``32 * key_warps`` keys covers tiles
+Segment ``s`` of a sequence with ``T`` tiles of ``keys_per_warp * key_warps`` keys covers tiles
 ``[s * ceil(T / S), (s + 1) * ceil(T / S))``, the partition the reduce assumes for the same tile.
 """
 
@@ -21,6 +21,7 @@ from radiance.kernels.ops import check_code, stream_of
 OP = "split_kv_partial"
 HEADS = (128, 256)
 KEY_WARPS = (1, 2, 4, 8)
+KEYS_PER_WARP = (16, 32)  # a warp's slice of each KV tile
 MAX_ROW_TILES = 5  # query rows a block: 16 a tile, up to 80 (a width-9 verify step x 8 heads)
 _MODE = {(torch.float8_e4m3fn, torch.bfloat16): 0, (torch.float8_e4m3fn, torch.float16): 1,
          (torch.bfloat16, torch.bfloat16): 2, (torch.float16, torch.float16): 3}
@@ -50,7 +51,7 @@ def unsupported_reason(device) -> str | None:
 
 
 def launch_refusal(head: int, kv_dtype: torch.dtype, q_dtype: torch.dtype, row_tiles: int, key_warps: int,
-                   stages: int, smem_limit: int | None = None) -> str | None:
+                   stages: int, smem_limit: int | None = None, keys_per_warp: int = 32) -> str | None:
     """Why the kernel has no launch of this shape, or None. ``smem_limit``: the device's per-block
     shared memory (bytes), checked when given. Pure arithmetic: no GPU needed."""
     if head not in HEADS:
@@ -60,25 +61,35 @@ def launch_refusal(head: int, kv_dtype: torch.dtype, q_dtype: torch.dtype, row_t
     if not 1 <= row_tiles <= MAX_ROW_TILES:
         return f"{row_tiles} row tiles of 16 (1 to {MAX_ROW_TILES})"
     if key_warps not in KEY_WARPS:
-        return f"{key_warps} key warps (KV tile = 32 x key warps: {'/'.join(map(str, KEY_WARPS))})"
+        return f"{key_warps} key warps ({'/'.join(map(str, KEY_WARPS))})"
+    if keys_per_warp not in KEYS_PER_WARP:
+        return f"{keys_per_warp} keys a warp ({'/'.join(map(str, KEYS_PER_WARP))})"
     if not 2 <= stages <= 5:
         return f"{stages} stages (2 to 5)"
     threads = 32 * row_tiles * key_warps
-    if threads > (256 if head == 256 else 512):
-        return f"{threads} threads a block (at most {256 if head == 256 else 512} at head {head})"
-    need = smem_bytes(head, kv_dtype, row_tiles, key_warps, stages)
+    if threads > max_threads(head, row_tiles):
+        return f"{threads} threads a block (at most {max_threads(head, row_tiles)} here)"
+    need = smem_bytes(head, kv_dtype, row_tiles, key_warps, stages, keys_per_warp)
     if smem_limit is not None and need > smem_limit:
         return f"{need} bytes of shared memory, the device allows {smem_limit}"
     return None
 
 
-def smem_bytes(head: int, kv_dtype: torch.dtype, row_tiles: int, key_warps: int, stages: int) -> int:
-    """Shared memory of one block (split_kv_smem in the source): query rows, their scales, and the
-    KV ring or, after the loop, the key slices' merge, whichever is larger."""
+def max_threads(head: int, row_tiles: int) -> int:
+    """A block's thread limit (max_threads in the source, which explains the register budgets)."""
+    return 256 if head == 256 or row_tiles == 1 else 512
+
+
+def smem_bytes(head: int, kv_dtype: torch.dtype, row_tiles: int, key_warps: int, stages: int,
+               keys_per_warp: int = 32) -> int:
+    """Shared memory of one block (split_kv_smem in the source): query rows, their scales, the
+    block-table entries of the tiles in flight, and the KV ring or, after the loop, the key
+    slices' merge, whichever is larger."""
     kv_bytes = 1 if kv_dtype == torch.float8_e4m3fn else 2
-    ring = stages * 2 * 32 * key_warps * head * kv_bytes
+    tile = keys_per_warp * key_warps
+    ring = stages * 2 * tile * head * kv_bytes
     merge = (key_warps - 1) * row_tiles * (head // 2 + 4) * 32 * 4
-    return row_tiles * 16 * head * 2 + 512 + max(ring, merge)
+    return row_tiles * 16 * head * 2 + 512 + stages * tile * 4 + max(ring, merge)
 
 
 def _aligned(t: torch.Tensor, strides) -> bool:
@@ -90,7 +101,7 @@ def split_kv_partial(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_table: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      part_out: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor, *,
                      softmax_scale: float, q_blocks_per_seq: int, block_q: int, num_segments: int,
-                     key_warps: int, stages: int = 2, row_tiles: int | None = None,
+                     key_warps: int, stages: int = 2, row_tiles: int | None = None, keys_per_warp: int = 32,
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     """Write the partials of one decode/verify batch (module docstring). Raises ValueError or
     TypeError, before any launch, for anything the kernel cannot take.
@@ -102,7 +113,7 @@ def split_kv_partial(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``tokens * q_heads * num_segments``; fp8 KV: ``k_scale`` / ``v_scale`` float32 tensors whose
     first element is the per-tensor scale. A query block is ``block_q`` tokens of a sequence;
     ``row_tiles`` (default: the fewest that hold ``block_q`` x heads-per-KV-head rows) tiles of 16
-    rows; the KV tile is ``32 * key_warps`` keys.
+    rows; the KV tile is ``keys_per_warp * key_warps`` keys (16 or 32 a warp).
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
                     ("seq_lens", seq_lens), ("cu_seqlens_q", cu_seqlens_q), ("part_out", part_out),
@@ -125,7 +136,7 @@ def split_kv_partial(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if block_q < 1 or block_q * group > 16 * row_tiles:
         raise ValueError(f"block_q {block_q} x {group} heads a KV head exceeds {row_tiles} tiles of 16 rows")
     smem_limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin if q.is_cuda else None
-    why = launch_refusal(head, k_cache.dtype, q.dtype, row_tiles, key_warps, stages, smem_limit)
+    why = launch_refusal(head, k_cache.dtype, q.dtype, row_tiles, key_warps, stages, smem_limit, keys_per_warp)
     if why is not None:
         raise ValueError(f"radiance {OP} has no launch for {why}")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
@@ -147,6 +158,8 @@ def split_kv_partial(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                        ("part_sum", part_sum, units)):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() < n:
             raise ValueError(f"{name} must be contiguous float32 with at least {n} values")
+    if part_out.data_ptr() % 16:
+        raise ValueError("part_out must be 16-byte aligned (the partial rows are stored 4 values a request)")
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -164,5 +177,5 @@ def split_kv_partial(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_scale.data_ptr() if fp8 else None, v_scale.data_ptr() if fp8 else None,
         float(softmax_scale) * 1.4426950408889634,
         head, _MODE[(k_cache.dtype, q.dtype)], seqs, kv_heads, q_heads, q_blocks_per_seq, num_segments,
-        block_q, block_size, row_tiles, key_warps, stages, stream_of(q.device))
+        block_q, block_size, row_tiles, keys_per_warp, key_warps, stages, stream_of(q.device))
     check_code(lib, code, OP)

@@ -8,16 +8,22 @@
 // head r % GROUP, padded to MT tiles of 16 (the mma's M). Where the Triton kernel pads a verify
 // batch's 72 rows to a 128-row block, this one runs 80.
 //
-// Warps: MT x KW. Warp (mt, ks) owns query rows [16 mt, 16 mt + 16) and keys [32 ks, 32 ks + 32)
-// of every KV tile (TILE = 32 KW keys), with its own running max, exp-sum and output; the KW key
-// slices of a row tile are merged through shared memory at the end. Splitting keys over warps,
-// not only rows, gives a single decode token (one row tile) several warps.
+// Warps: MT x KW. Warp (mt, ks) owns query rows [16 mt, 16 mt + 16) and keys [KPW ks, KPW ks +
+// KPW) of every KV tile (TILE = KPW x KW keys, KPW 16 or 32), with its own running max, exp-sum
+// and output; the KW key slices of a row tile are merged through shared memory at the end.
+// Splitting keys over warps, not only rows, gives a single decode token (one row tile) several
+// warps; 16 keys a warp halves the shared memory a warp's tile slice takes (16 KB at head 256 in
+// bf16 and a 3-deep ring: 4 warps where 32 keys a warp fit 2), for the same bytes in flight.
+// A warp holds its rows' whole output (128 fp32 values a thread at head 256, which takes 255
+// registers; two warps splitting the head, each computing the scores, measured no faster).
 //
 // KV tiles stream through a ring of `stages` shared-memory buffers with cp.async (16 bytes a
 // request; keys past the sequence are zero-filled, so a masked key's V row is 0, never stale
-// bytes), the block-table entry of a thread's next row read one tile ahead so no copy waits on it.
+// bytes). Eight consecutive threads copy 128 contiguous bytes of a key row, so every request
+// covers whole L2 sectors. The block-table entries of a tile are read a tile ahead of its copies,
+// one per thread, and reach the copying threads through a shared ring beside the KV ring.
 // Rows of 16-byte chunks are XOR-swizzled (chunk c of row r at c ^ (r & 7)): ldmatrix reads 8 rows
-// at one column, conflict-free.
+// at one column, and the copies' 8-chunk runs write 4 rows a wavefront, conflict-free.
 //
 // Numerics, fp8 (e4m3) KV: an e4m3 value is exactly an fp16 value, so K and V tiles widen to fp16
 // with the packed hardware conversion and feed fp16 MMAs unscaled; each query row goes to fp16 once,
@@ -65,20 +71,25 @@ struct SplitKvArgs {
 __host__ __device__ constexpr bool mode_fp8(int mode) { return mode < 2; }
 __host__ __device__ constexpr bool mode_bf16_query(int mode) { return mode == 0 || mode == 2; }
 
-// Shared memory of one block: query rows, their score multipliers, the KV ring (reused after the
-// loop for the key-slice merge).
+// Shared memory of one block: query rows, their score multipliers, the block-table entries of
+// the tiles in flight, the KV ring (reused after the loop for the key-slice merge).
 __host__ __device__ constexpr int query_bytes(int head, int mt) { return mt * 16 * head * 2 + 512; }
+__host__ __device__ constexpr int entry_bytes(int kpw, int kw, int stages) { return stages * kpw * kw * 4; }
 __host__ __device__ constexpr int merge_bytes(int head, int mt, int kw) {
   return (kw - 1) * mt * (head / 2 + 4) * 32 * 4;
 }
-__host__ __device__ constexpr int ring_bytes(int head, int mode, int kw, int stages) {
-  return stages * 2 * 32 * kw * head * (mode_fp8(mode) ? 1 : 2);
+__host__ __device__ constexpr int ring_bytes(int head, int mode, int kpw, int kw, int stages) {
+  return stages * 2 * kpw * kw * head * (mode_fp8(mode) ? 1 : 2);
 }
-__host__ __device__ constexpr int split_kv_smem(int head, int mode, int mt, int kw, int stages) {
-  return query_bytes(head, mt) + (ring_bytes(head, mode, kw, stages) > merge_bytes(head, mt, kw)
-                                      ? ring_bytes(head, mode, kw, stages)
-                                      : merge_bytes(head, mt, kw));
+__host__ __device__ constexpr int split_kv_smem(int head, int mode, int mt, int kpw, int kw, int stages) {
+  return query_bytes(head, mt) + entry_bytes(kpw, kw, stages) +
+         (ring_bytes(head, mode, kpw, kw, stages) > merge_bytes(head, mt, kw) ? ring_bytes(head, mode, kpw, kw, stages)
+                                                                              : merge_bytes(head, mt, kw));
 }
+// Threads a block may have: 8 key warps at most; head 256 keeps 256 (its 128 fp32 accumulators a
+// thread need the registers of 256); head 128 takes 512 where two or more row tiles can fill
+// them, and a single head-128 row tile stays at 256 so ptxas does not cap it at 128 registers.
+__host__ __device__ constexpr int max_threads(int head, int mt) { return head == 256 || mt == 1 ? 256 : 512; }
 
 #if !defined(RADIANCE_HIP)
 
@@ -175,8 +186,8 @@ RAD_DEVICE uint32_t swizzled(int row, int chunk, int row_bytes) {
 // (see the top): position 2t + e holds element 4t + e, position 8 + 2t + e element 4t + 2 + e.
 RAD_DEVICE int qk_position(int d) { return ((d & 2) << 2) | ((d >> 2) << 1) | (d & 1); }
 
-template <int HEAD, int MODE, int MT>
-__global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
+template <int HEAD, int MODE, int MT, int KPW>
+__global__ void __launch_bounds__(max_threads(HEAD, MT))
     split_kv_partial_kernel(const SplitKvArgs p) {
   constexpr bool FP8 = mode_fp8(MODE);
   constexpr bool QBF16 = mode_bf16_query(MODE);
@@ -186,15 +197,18 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
   constexpr int QB = HEAD * 2;              // bytes a query row
   constexpr int ROWS = MT * 16;
   constexpr int NT = HEAD / 8;              // output n8 tiles a row tile
+  constexpr int NJ = KPW / 8;               // key n8 tiles a warp's slice
+  constexpr int TPR = RC < 8 ? RC : 8;      // copying threads a key row (128 bytes a request run)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sq = smem;
   float* const row_scale = reinterpret_cast<float*>(smem + ROWS * QB);
-  uint8_t* const ring = smem + query_bytes(HEAD, MT);
+  int* const entries = reinterpret_cast<int*>(smem + query_bytes(HEAD, MT));  // [stages][tile]
+  uint8_t* const ring = smem + query_bytes(HEAD, MT) + entry_bytes(KPW, p.kw, p.stages);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
+  const int kw = p.kw, tile = KPW * kw, stages = p.stages;
   const int mt = warp % MT, ks = warp / MT;
-  const int kw = p.kw, tile = 32 * kw, stages = p.stages;
   const int seq = blockIdx.x / p.q_blocks_per_seq, q_block = blockIdx.x - seq * p.q_blocks_per_seq;
   const int kv_head = blockIdx.y, seg = blockIdx.z;
 
@@ -212,38 +226,48 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
   const int hi = min(min(lo + per_seg, num_tiles), (block_keys + tile - 1) / tile);
   if (lo >= hi) return;
 
-  // ---- the KV ring: thread -> (key row, chunks); TPR threads a row ----
-  const int tpr = MT >= 4 ? 4 : (MT >= 2 ? 2 : 1);
-  const int copy_row = threadIdx.x / tpr, copy_sub = threadIdx.x % tpr;
-  const bool copier = copy_row < tile;
+  // ---- the KV ring: TPR threads a key row, 16 bytes each, 8 x 16 contiguous bytes a run ----
+  // Thread i < tile reads row i's block-table entry for tile t into entries[(t - lo) % stages]
+  // one tile before t's copies read it from there (the ring slot last held tile t - stages').
   const int* table = p.block_table + (int64_t)seq * p.bt_stride;
   auto table_entry = [&](int t) -> int {
-    const int key = t * tile + copy_row;
-    return (copier && key < seq_len) ? table[key / p.block_size] : 0;
+    const int key = t * tile + (int)threadIdx.x;
+    return ((int)threadIdx.x < tile && t < hi && key < seq_len) ? table[key / p.block_size] : 0;
   };
-  auto issue = [&](int t, int entry) {
-    if (!copier) return;
-    const int key = t * tile + copy_row;
-    const bool valid = key < seq_len;
-    const int slot = valid ? key % p.block_size : 0;
-    const uint8_t* ksrc = p.k + ((int64_t)entry * p.k_sb + (int64_t)slot * p.k_ss + (int64_t)kv_head * p.k_sh) * (RB / HEAD);
-    const uint8_t* vsrc = p.v + ((int64_t)entry * p.v_sb + (int64_t)slot * p.v_ss + (int64_t)kv_head * p.v_sh) * (RB / HEAD);
+  auto keep_entry = [&](int t, int entry) {
+    if ((int)threadIdx.x < tile) entries[((t - lo) % stages) * tile + threadIdx.x] = entry;
+  };
+  const int rows_a_pass = (int)blockDim.x / TPR, copy_sub = (int)threadIdx.x % TPR;
+  auto issue = [&](int t) {
     uint8_t* kdst = ring + ((t - lo) % stages) * 2 * tile * RB;
-    uint8_t* vdst = kdst + tile * RB;
-    const uint32_t kbase = shared_address(kdst), vbase = shared_address(vdst);
-#pragma unroll 4
-    for (int c = copy_sub; c < RC; c += tpr) {
-      copy16(kbase + swizzled(copy_row, c, RB), valid ? ksrc + 16 * c : p.k, valid);
-      copy16(vbase + swizzled(copy_row, c, RB), valid ? vsrc + 16 * c : p.v, valid);
+    const uint32_t kbase = shared_address(kdst), vbase = kbase + tile * RB;
+    const int* ent = entries + ((t - lo) % stages) * tile;
+    for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass) {
+      const int key = t * tile + row;
+      const bool valid = key < seq_len;
+      const int slot = valid ? key % p.block_size : 0;
+      const int64_t entry = ent[row];
+      const uint8_t* ksrc = p.k + (entry * p.k_sb + (int64_t)slot * p.k_ss + (int64_t)kv_head * p.k_sh) * (RB / HEAD);
+      const uint8_t* vsrc = p.v + (entry * p.v_sb + (int64_t)slot * p.v_ss + (int64_t)kv_head * p.v_sh) * (RB / HEAD);
+#pragma unroll
+      for (int c = copy_sub; c < RC; c += TPR) {
+        copy16(kbase + swizzled(row, c, RB), valid ? ksrc + 16 * c : p.k, valid);
+        copy16(vbase + swizzled(row, c, RB), valid ? vsrc + 16 * c : p.v, valid);
+      }
     }
   };
+  {  // the first `stages` tiles' entries (loads in flight together), then stages - 1 tiles' copies
+    int first[5];
+#pragma unroll
+    for (int s = 0; s < 5; ++s) first[s] = s < stages ? table_entry(lo + s) : 0;
+#pragma unroll
+    for (int s = 0; s < 5; ++s)
+      if (s < stages) keep_entry(lo + s, first[s]);
+  }
+  __syncthreads();
   int next_tile = lo;
-  int entry = table_entry(lo);
   for (int s = 0; s < stages - 1; ++s) {
-    if (next_tile < hi) {
-      issue(next_tile, entry);
-      entry = table_entry(next_tile + 1);
-    }
+    if (next_tile < hi) issue(next_tile);
     ++next_tile;
     copy_commit();
   }
@@ -265,7 +289,7 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
         raw[1] = src[1];
       }
       const uint16_t* h = reinterpret_cast<const uint16_t*>(raw);
-      uint16_t out[16];
+      alignas(16) uint16_t out[16];
       float scale = p.scale_log2;
       if constexpr (FP8) {
         float x[16], amax = 0.f;
@@ -318,21 +342,20 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
       qk_scale[0] = row_scale[mt * 16 + g];
       qk_scale[1] = row_scale[mt * 16 + g + 8];
     }
-    if (next_tile < hi) {
-      issue(next_tile, entry);
-      entry = table_entry(next_tile + 1);
-    }
+    if (next_tile < hi) issue(next_tile);
+    // tile next_tile + 1's entries: loaded now, kept after this tile's products hid the latency
+    const int ahead = table_entry(next_tile + 1);
     ++next_tile;
     copy_commit();
 
     const uint8_t* sk = ring + ((t - lo) % stages) * 2 * tile * RB;
     const uint32_t k_base = shared_address(sk), v_base = k_base + tile * RB;
-    const int key0 = 32 * ks;  // the warp's first key in the tile
+    const int key0 = KPW * ks;  // the warp's first key in the tile
 
-    // S = Q K^T over the warp's 32 keys: 4 n8 tiles
-    float s[4][4];
+    // S = Q K^T over the warp's KPW keys: NJ n8 tiles
+    float s[NJ][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
     if constexpr (FP8) {
 #pragma unroll
       for (int u = 0; u < HEAD / 64; ++u) {  // 64 head elements: 4 k16 steps
@@ -341,7 +364,7 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
         for (int st = 0; st < 4; ++st)
           ldmatrix_x4(a[st], q_base + swizzled(mt * 16 + (lane & 15), 2 * (4 * u + st) + (lane >> 4), QB));
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < NJ; ++j) {
           uint32_t b[4];
           ldmatrix_x4(b, k_base + swizzled(key0 + 8 * j + (lane & 7), 4 * u + (lane >> 3), RB));
 #pragma unroll
@@ -355,7 +378,7 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
         uint32_t a[4];
         ldmatrix_x4(a, q_base + swizzled(mt * 16 + (lane & 15), 2 * st + (lane >> 4), QB));
 #pragma unroll
-        for (int j = 0; j < 4; j += 2) {
+        for (int j = 0; j < NJ; j += 2) {
           uint32_t b[4];
           ldmatrix_x4(b, k_base + swizzled(key0 + 8 * (j + (lane >> 4)) + (lane & 7), 2 * st + ((lane >> 3) & 1), RB));
           mma16816<DOT_BF16>(s[j], a, b[0], b[1]);
@@ -368,7 +391,7 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
     const int kabs0 = t * tile + key0 + 2 * tq;
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
@@ -384,28 +407,32 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
       const float m_new = fmaxf(row_max[h], tile_max[h]);
       // a row with no visible key yet keeps max -inf: exponentiate against 0 so it stays 0
       base[h] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = fast_exp2(row_max[h] - base[h]);
+      alpha[h] = row_max[h] == m_new ? 1.f : fast_exp2(row_max[h] - base[h]);
       row_max[h] = m_new;
       row_sum[h] *= alpha[h];
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
         row_sum[e >> 1] += s[j][e];
       }
+    // Past the first tiles a row's max rarely moves: skip the rescale (a multiply by exactly 1)
+    // when no row of the warp's moved.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
+      for (int n = 0; n < NT; ++n) {
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
+      }
     }
 
     // O += P V over the warp's keys, 16 at a time
 #pragma unroll
-    for (int kh = 0; kh < 2; ++kh) {
+    for (int kh = 0; kh < KPW / 16; ++kh) {
       const uint32_t a[4] = {pack2<DOT_BF16>(s[2 * kh][0], s[2 * kh][1]), pack2<DOT_BF16>(s[2 * kh][2], s[2 * kh][3]),
                              pack2<DOT_BF16>(s[2 * kh + 1][0], s[2 * kh + 1][1]),
                              pack2<DOT_BF16>(s[2 * kh + 1][2], s[2 * kh + 1][3])};
@@ -425,7 +452,7 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
         }
       } else {
 #pragma unroll
-        for (int c = 0; c < HEAD / 8; c += 2) {  // two 8-element chunks: two n8 tiles
+        for (int c = 0; c < NT; c += 2) {  // two 8-element chunks: two n8 tiles
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_base + swizzled(vrow, c + (lane >> 4), RB));
           mma16816<DOT_BF16>(acc[c], a, b[0], b[1]);
@@ -433,6 +460,7 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
         }
       }
     }
+    keep_entry(next_tile, ahead);  // read after the next iteration's barrier
   }
   rad_release_dependents();
 
@@ -513,32 +541,39 @@ __global__ void __launch_bounds__(HEAD == 256 ? 256 : 512)
   }
 }
 
-template <int HEAD, int MODE, int MT>
+template <int HEAD, int MODE, int MT, int KPW>
 rad_error_t launch_split_kv(dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
-  auto kernel = split_kv_partial_kernel<HEAD, MODE, MT>;
+  auto kernel = split_kv_partial_kernel<HEAD, MODE, MT, KPW>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   return rad_launch(kernel, grid, dim3(32 * MT * p.kw), stream, p, 1, (size_t)smem);
 }
 
-template <int HEAD, int MODE>
+template <int HEAD, int MODE, int KPW>
 rad_error_t launch_split_kv_rows(int mt, dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
   switch (mt) {
-    case 1: return launch_split_kv<HEAD, MODE, 1>(grid, p, smem, stream);
-    case 2: return launch_split_kv<HEAD, MODE, 2>(grid, p, smem, stream);
-    case 3: return launch_split_kv<HEAD, MODE, 3>(grid, p, smem, stream);
-    case 4: return launch_split_kv<HEAD, MODE, 4>(grid, p, smem, stream);
-    default: return launch_split_kv<HEAD, MODE, 5>(grid, p, smem, stream);
+    case 1: return launch_split_kv<HEAD, MODE, 1, KPW>(grid, p, smem, stream);
+    case 2: return launch_split_kv<HEAD, MODE, 2, KPW>(grid, p, smem, stream);
+    case 3: return launch_split_kv<HEAD, MODE, 3, KPW>(grid, p, smem, stream);
+    case 4: return launch_split_kv<HEAD, MODE, 4, KPW>(grid, p, smem, stream);
+    default: return launch_split_kv<HEAD, MODE, 5, KPW>(grid, p, smem, stream);
   }
 }
 
+template <int HEAD, int MODE>
+rad_error_t launch_split_kv_slice(int kpw, int mt, dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+  return kpw == 16 ? launch_split_kv_rows<HEAD, MODE, 16>(mt, grid, p, smem, stream)
+                   : launch_split_kv_rows<HEAD, MODE, 32>(mt, grid, p, smem, stream);
+}
+
 template <int HEAD>
-rad_error_t launch_split_kv_mode(int mode, int mt, dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+rad_error_t launch_split_kv_mode(int mode, int kpw, int mt, dim3 grid, const SplitKvArgs& p, int smem,
+                                 rad_stream_t stream) {
   switch (mode) {
-    case 0: return launch_split_kv_rows<HEAD, 0>(mt, grid, p, smem, stream);
-    case 1: return launch_split_kv_rows<HEAD, 1>(mt, grid, p, smem, stream);
-    case 2: return launch_split_kv_rows<HEAD, 2>(mt, grid, p, smem, stream);
-    default: return launch_split_kv_rows<HEAD, 3>(mt, grid, p, smem, stream);
+    case 0: return launch_split_kv_slice<HEAD, 0>(kpw, mt, grid, p, smem, stream);
+    case 1: return launch_split_kv_slice<HEAD, 1>(kpw, mt, grid, p, smem, stream);
+    case 2: return launch_split_kv_slice<HEAD, 2>(kpw, mt, grid, p, smem, stream);
+    default: return launch_split_kv_slice<HEAD, 3>(kpw, mt, grid, p, smem, stream);
   }
 }
 
@@ -558,12 +593,14 @@ RAD_EXPORT int radiance_split_kv_supported(void) {
 
 // Shared memory bytes a launch takes (0 for shapes it has no instance of): callers check it
 // against the device's limit before launching.
-RAD_EXPORT int radiance_split_kv_smem(int head, int mode, int m_tiles, int key_warps, int stages) {
+RAD_EXPORT int radiance_split_kv_smem(int head, int mode, int m_tiles, int keys_per_warp, int key_warps,
+                                      int stages) {
   if ((head != 128 && head != 256) || mode < 0 || mode > 3 || m_tiles < 1 || m_tiles > 5 ||
+      (keys_per_warp != 16 && keys_per_warp != 32) ||
       (key_warps != 1 && key_warps != 2 && key_warps != 4 && key_warps != 8) || stages < 2 || stages > 5 ||
-      32 * m_tiles * key_warps > (head == 256 ? 256 : 512))
+      32 * m_tiles * key_warps > radiance::max_threads(head, m_tiles))
     return 0;
-  return radiance::split_kv_smem(head, mode, m_tiles, key_warps, stages);
+  return radiance::split_kv_smem(head, mode, m_tiles, keys_per_warp, key_warps, stages);
 }
 
 // The partial pass of split-KV paged attention (see the top). q [tokens, q_heads, head] (strides
@@ -573,8 +610,8 @@ RAD_EXPORT int radiance_split_kv_smem(int head, int mode, int m_tiles, int key_w
 // part_out [tokens, q_heads, segments, head] fp32, part_max / part_sum [tokens, q_heads,
 // segments]; k_scale / v_scale: one float each (fp8 modes); scale_log2: softmax scale x log2(e).
 // Grid: (seqs x q_blocks_per_seq, kv_heads, segments); a query block is block_q tokens of a
-// sequence x `group` heads, at most 16 m_tiles rows; key_warps x 32 keys a KV tile (the unit the
-// segments split, which the reduce must use too); stages KV tiles in flight.
+// sequence x `group` heads, at most 16 m_tiles rows; key_warps x keys_per_warp (16 or 32) keys a
+// KV tile (the unit the segments split, which the reduce must use too); stages KV tiles in flight.
 // Returns 0, or the invalid-value code (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_split_kv_partial(const void* q, int64_t q_st, int64_t q_sh, const void* k,
                                          int64_t k_sb, int64_t k_ss, int64_t k_sh, const void* v,
@@ -585,19 +622,19 @@ RAD_EXPORT int radiance_split_kv_partial(const void* q, int64_t q_st, int64_t q_
                                          float scale_log2, int head, int mode, int num_seqs,
                                          int num_kv_heads, int num_q_heads, int q_blocks_per_seq,
                                          int num_segments, int block_q, int block_size, int m_tiles,
-                                         int key_warps, int stages, void* stream) {
+                                         int keys_per_warp, int key_warps, int stages, void* stream) {
 #ifdef RADIANCE_HIP
   (void)q, (void)q_st, (void)q_sh, (void)k, (void)k_sb, (void)k_ss, (void)k_sh, (void)v, (void)v_sb;
   (void)v_ss, (void)v_sh, (void)block_table, (void)bt_stride, (void)seq_lens, (void)cu_q;
   (void)part_out, (void)part_max, (void)part_sum, (void)k_scale, (void)v_scale, (void)scale_log2;
   (void)head, (void)mode, (void)num_seqs, (void)num_kv_heads, (void)num_q_heads;
   (void)q_blocks_per_seq, (void)num_segments, (void)block_q, (void)block_size, (void)m_tiles;
-  (void)key_warps, (void)stages, (void)stream;
+  (void)keys_per_warp, (void)key_warps, (void)stages, (void)stream;
   return (int)rad_error_invalid_value;
 #else
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
-  const int smem = radiance_split_kv_smem(head, mode, m_tiles, key_warps, stages);
+  const int smem = radiance_split_kv_smem(head, mode, m_tiles, keys_per_warp, key_warps, stages);
   if (!radiance_split_kv_supported() || smem == 0) return bad;
   if (num_seqs < 1 || num_kv_heads < 1 || num_q_heads % num_kv_heads || q_blocks_per_seq < 1 ||
       num_segments < 1 || block_q < 1 || block_size < 1 || bt_stride < 1)
@@ -637,7 +674,7 @@ RAD_EXPORT int radiance_split_kv_partial(const void* q, int64_t q_st, int64_t q_
   p.stages = stages;
   const dim3 grid((unsigned)(num_seqs * q_blocks_per_seq), (unsigned)num_kv_heads, (unsigned)num_segments);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
-  return (int)(head == 256 ? launch_split_kv_mode<256>(mode, m_tiles, grid, p, smem, s)
-                           : launch_split_kv_mode<128>(mode, m_tiles, grid, p, smem, s));
+  return (int)(head == 256 ? launch_split_kv_mode<256>(mode, keys_per_warp, m_tiles, grid, p, smem, s)
+                           : launch_split_kv_mode<128>(mode, keys_per_warp, m_tiles, grid, p, smem, s));
 #endif
 }
