@@ -35,9 +35,10 @@ Writes ``split_kv_latency.json``.
 
 ``--cuda``: at the same points, what radiance ships (its wrapper with the sm_90 table) against the
 CUDA partial pass (radiance-kernels' ``split_kv_partial``, then the same reduce) at 16 or 32 keys
-a warp x 1-8 key warps x stages {2, 3, 4} x the shipped segment count halved, as is and doubled, wherever the kernel has the launch; all alternated twice, the
-faster of each kept, and the fastest CUDA launch's output checked against the fp32 reference
-(largest row difference in bf16 ulps of the row's largest value). Writes
+a warp x 1-8 key warps x stages {2, 3, 4} x the shipped segment count halved, as is and doubled,
+wherever the kernel has the launch; all alternated twice, the faster of each kept, and the
+fastest CUDA launch's output checked against the fp32 reference (largest row difference in bf16
+ulps of the row's largest value). Writes
 ``split_kv_cuda_probe.{json,md,png}``; ``--replot JSON`` rewrites the table and plot of an earlier
 run without a GPU.
 """

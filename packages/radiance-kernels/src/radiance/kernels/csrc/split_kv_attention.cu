@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
 
   // ---- the KV ring: TPR threads a key row, 16 bytes each, 8 x 16 contiguous bytes a run ----
   // Thread i < tile reads row i's block-table entry for tile t into entries[(t - lo) % stages]
-  // one tile before t's copies read it from there (the ring slot last held tile t - stages').
+  // one tile before t's copies read it from there (that slot last held tile t - stages's entries).
   const int* table = p.block_table + (int64_t)seq * p.bt_stride;
   auto table_entry = [&](int t) -> int {
     const int key = t * tile + (int)threadIdx.x;
