@@ -75,6 +75,25 @@ def test_short_scratch_raises_before_any_launch():
                                torch.empty(units * 64), torch.empty(units - 1), torch.empty(units))
 
 
+def test_cuda_partial_pass_refuses_before_any_launch():
+    """The CUDA partial pass (radiance-kernels' split_kv_partial) takes num_warps as its key warps;
+    a launch it has no instance for raises before anything runs, on any machine."""
+    pytest.importorskip("triton")
+    q, k, v, out, ks, vs = _tensors()
+    cu, lens = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([100], dtype=torch.int32)
+    bt = torch.zeros(1, 8, dtype=torch.int32)
+    units = 4 * 8 * 16
+    scratch = (torch.empty(units * 64), torch.empty(units), torch.empty(units))
+    with pytest.raises(ValueError, match="partial_pass"):
+        split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, _launch(), *scratch, partial_pass="ptx")
+    with pytest.raises(ValueError, match="does not split over 3 key warps"):
+        split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, replace(_launch(), num_warps=3),
+                               *scratch, partial_pass="cuda")
+    with pytest.raises(ValueError, match="head size 64"):  # the kernel has heads 128 and 256
+        split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, replace(_launch(), num_warps=2),
+                               *scratch, partial_pass="cuda")
+
+
 def _call(**change):
     q, k, v, out, ks, vs = _tensors()
     kw = dict(q=q, k=k, v=v, out=out, k_descale=ks, v_descale=vs, q_descale=None, softcap=0, sinks=None,

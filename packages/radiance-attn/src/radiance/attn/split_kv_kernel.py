@@ -275,9 +275,9 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
 
     ``partial_pass``: "triton" (``_partial`` above) or "cuda": radiance-kernels'
     ``split_kv_partial`` (the same algebra, mma.sync with the query rows padded to 16 instead of
-    BLOCK_M, the KV tile's keys split over warps: ``num_warps`` is its key warps (None: tile / 32),
-    each taking ``tile_size / num_warps`` keys (16 or 32) of a tile, ``num_stages`` its ring depth,
-    BLOCK_M unused). The same reduce follows.
+    BLOCK_M, the KV tile's keys split over warps: ``num_warps`` is its key warps (None: tile / 32,
+    at least 1), each taking ``tile_size / num_warps`` keys (16 or 32) of a tile, ``num_stages`` its
+    ring depth, BLOCK_M unused). The same reduce follows.
     """
     import torch
 
@@ -299,7 +299,7 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     if partial_pass == "cuda":
         from radiance.kernels import split_kv_attention
 
-        key_warps = launch_cfg.num_warps or launch_cfg.tile_size // 32
+        key_warps = launch_cfg.num_warps or max(1, launch_cfg.tile_size // 32)
         if launch_cfg.tile_size % key_warps:
             raise ValueError(f"a {launch_cfg.tile_size}-key tile does not split over {key_warps} key warps")
 
