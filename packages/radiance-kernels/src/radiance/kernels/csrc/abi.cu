@@ -18,23 +18,24 @@ static int g_pdl_switch = 1;
 // Compute capability and multiprocessor count of the current device, cached per device;
 // zeros when unknown (HIP, or the runtime failed).
 struct DeviceFacts {
-  int major, minor, sms;
+  int major, minor, sms, smem_optin;
 };
 
 static DeviceFacts device_facts() {
 #ifdef RADIANCE_HIP
-  return {0, 0, 0};
+  return {0, 0, 0, 0};
 #else
   static DeviceFacts cache[64] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {0, 0, 0};
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {0, 0, 0, 0};
   if (cache[dev].major == 0) {
-    int major = 0, minor = 0, sms = 0;
+    int major = 0, minor = 0, sms = 0, smem_optin = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return {0, 0, 0};
-    cache[dev] = {major, minor, sms};
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      return {0, 0, 0, 0};
+    cache[dev] = {major, minor, sms, smem_optin};
   }
   return cache[dev];
 #endif
@@ -46,6 +47,8 @@ int device_compute_capability() {
   const DeviceFacts f = device_facts();
   return f.major * 10 + f.minor;
 }
+
+int device_smem_optin() { return device_facts().smem_optin; }
 
 static int round_up(int64_t a, int b) { return (int)((a + b - 1) / b * b); }
 

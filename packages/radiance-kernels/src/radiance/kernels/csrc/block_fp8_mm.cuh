@@ -165,22 +165,6 @@ RAD_DEVICE void wgmma_commit_and_wait() {
 #endif
 }
 
-#ifndef RADIANCE_HIP
-// Above 48 KiB a kernel must opt in to its dynamic shared memory, once per device; `done` is the
-// calling launcher's own per-device record for its kernel.
-template <typename Kernel>
-rad_error_t opt_in_dynamic_smem(Kernel kernel, int bytes, int (&done)[64]) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return rad_error_invalid_value;
-  if (!done[dev]) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess) return e;
-    done[dev] = 1;
-  }
-  return rad_success;
-}
-#endif
-
 // Host side, both exports: checks what every decode GEMM kernel needs (M 1-16, N a multiple of
 // `rows`, K of 128, 16-byte aligned rows, split K's scratch) and fills `p`. Returns 0, or the
 // invalid-value code.

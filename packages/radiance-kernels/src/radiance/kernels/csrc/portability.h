@@ -291,7 +291,25 @@ RAD_DEVICE void rad_release_dependents() {
 namespace radiance {
 bool pdl_enabled();  // sm_90+ and not switched off (abi.cu)
 int device_compute_capability();  // 90 for sm_90; 0 on HIP or when unknown (abi.cu)
+int device_smem_optin();  // the current device's per-block shared memory limit, bytes; 0 if unknown (abi.cu)
 }
+
+#ifndef RADIANCE_HIP
+// Above 48 KiB a kernel must opt in to its dynamic shared memory, per device; `opted` is the
+// calling launcher's own per-device record of the bytes its kernel opted in to, so the runtime
+// call happens once per device (or when a launch needs more than before), not every launch.
+template <typename Kernel>
+rad_error_t opt_in_dynamic_smem(Kernel kernel, int bytes, int (&opted)[64]) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return rad_error_invalid_value;
+  if (opted[dev] < bytes) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    opted[dev] = bytes;
+  }
+  return rad_success;
+}
+#endif
 
 // `cluster` > 1 launches clusters of that many consecutive blocks (sm_90+; gridDim.x must be a
 // multiple of it). HIP has no clusters: callers pass 1 there. `smem`: dynamic shared memory bytes.

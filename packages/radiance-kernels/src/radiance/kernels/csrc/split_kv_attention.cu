@@ -544,8 +544,8 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
 template <int HEAD, int MODE, int MT, int KPW>
 rad_error_t launch_split_kv(dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
   auto kernel = split_kv_partial_kernel<HEAD, MODE, MT, KPW>;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
+  static int opted_in[64] = {};
+  if (const rad_error_t e = opt_in_dynamic_smem(kernel, smem, opted_in)) return e;
   return rad_launch(kernel, grid, dim3(32 * MT * p.kw), stream, p, 1, (size_t)smem);
 }
 
@@ -643,10 +643,7 @@ RAD_EXPORT int radiance_split_kv_partial(const void* q, int64_t q_st, int64_t q_
   if (block_q * group > 16 * m_tiles || (mode_fp8(mode) && (k_scale == nullptr || v_scale == nullptr)))
     return bad;
   if ((q_st | q_sh | k_sb | k_ss | k_sh | v_sb | v_ss | v_sh) < 0) return bad;
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || smem > optin)
-    return bad;
+  if (smem > device_smem_optin()) return bad;
   SplitKvArgs p;
   p.q = static_cast<const uint8_t*>(q);
   p.k = static_cast<const uint8_t*>(k);
