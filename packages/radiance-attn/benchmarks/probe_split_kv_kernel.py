@@ -39,8 +39,11 @@ a warp x 1-8 key warps x stages {2, 3, 4} x the shipped segment count halved, as
 wherever the kernel has the launch; all alternated twice, the faster of each kept, and the
 fastest CUDA launch's output checked against the fp32 reference (largest row difference in bf16
 ulps of the row's largest value). Writes
-``split_kv_cuda_probe.{json,md,png}``; ``--replot JSON`` rewrites the table and plot of an earlier
-run without a GPU.
+``split_kv_cuda_probe.{json,md,png}``. ``--cuda --warpgroup``: the same against its warpgroup form
+(``split_kv_partial_warpgroup``: the fewest query rows of 16/32/40/48/72 that hold the point's,
+stages {2, 3, 4} x the same segment counts) at widths 4, 6 and 9, written as
+``split_kv_warpgroup_probe.{json,md,png}``. ``--replot JSON`` rewrites the table and plot of an
+earlier run without a GPU.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def run(b: tune.Bench, kw: dict, c: policy.TritonLaunch, v_in_registers=None):
 
 
 AROUND_POINTS = tuple(itertools.product((32768, 131072), (1, 8), (1, 4, 9)))
+WARPGROUP_POINTS = tuple(itertools.product((32768, 131072), (1, 8), (4, 6, 9)))
 
 
 def table_launch(k: tune.Klass, ctx: int, seqs: int, width: int, sms: int) -> policy.TritonLaunch | None:
@@ -149,8 +153,9 @@ def around_probe(args, classes, out: Path, t0: float) -> None:
                          for c in [table_launch(k, ctx, seqs, width, sms)] if c for v in around(c).values()),
                         args.jobs, t0)
     rows = []
-    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
-                                                                  t0 + args.budget_s):
+    stem = "split_kv_warpgroup_probe" if args.warpgroup else "split_kv_cuda_probe"
+    points = WARPGROUP_POINTS if args.warpgroup else AROUND_POINTS
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, points, dev, t0 + args.budget_s):
         c = table_launch(k, ctx, seqs, width, sms)
         if c is None:
             continue
@@ -161,19 +166,29 @@ def around_probe(args, classes, out: Path, t0: float) -> None:
                                                               "results": rows}, indent=1))
 
 
-def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int) -> dict[str, policy.TritonLaunch]:
+def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int,
+                  warpgroup: bool = False) -> dict[str, policy.TritonLaunch]:
     """The CUDA partial pass's launches at a point, named cuda_t{tile}_w{key warps}_st{stages}_s{segments}
-    (16 or 32 keys a warp)."""
+    (16 or 32 keys a warp); ``warpgroup``: its warpgroup form's instead, wg_n{rows}_st{stages}_s{segments}."""
     import torch
 
-    from radiance.kernels import split_kv_attention
+    from radiance.kernels import split_kv_attention as skv
 
     kv = torch.float8_e4m3fn if k.kv_dtype == "fp8" else torch.bfloat16
-    row_tiles = -(-width * (k.num_query_heads // k.num_kv_heads) // 16)
+    group = k.num_query_heads // k.num_kv_heads
+    seg_choices = sorted({min(256, max(4, s)) for s in (segments // 2, segments, 2 * segments)})
     out = {}
-    for kpw, kw, st, seg in itertools.product(split_kv_attention.KEYS_PER_WARP, split_kv_attention.KEY_WARPS, (2, 3, 4),
-                                              sorted({min(256, max(4, s)) for s in (segments // 2, segments, 2 * segments)})):
-        if split_kv_attention.launch_refusal(k.head_size, kv, torch.bfloat16, row_tiles, kw, st, smem_limit, kpw):
+    if warpgroup:
+        n_tiles = next((n for n in skv.WARPGROUP_COLUMNS if 8 * n >= width * group), None)
+        for st, seg in itertools.product((2, 3, 4), seg_choices):
+            if n_tiles is None or skv.warpgroup_launch_refusal(k.head_size, kv, torch.bfloat16, n_tiles, st, smem_limit):
+                continue
+            out[f"wg_n{8 * n_tiles}_st{st}_s{seg}"] = policy.TritonLaunch(
+                seg, 8 * n_tiles, width, skv.WARPGROUP_TILE, 4, st, "cuda_warpgroup", kernel="radiance")
+        return out
+    row_tiles = -(-width * group // 16)
+    for kpw, kw, st, seg in itertools.product(skv.KEYS_PER_WARP, skv.KEY_WARPS, (2, 3, 4), seg_choices):
+        if skv.launch_refusal(k.head_size, kv, torch.bfloat16, row_tiles, kw, st, smem_limit, kpw):
             continue
         out[f"cuda_t{kpw * kw}_w{kw}_st{st}_s{seg}"] = policy.TritonLaunch(seg, 16 * row_tiles, width, kpw * kw, kw, st,
                                                                             "cuda", kernel="radiance")
@@ -183,11 +198,12 @@ def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int) -> 
 def run_cuda(b: tune.Bench, kw: dict, c: policy.TritonLaunch):
     return split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
                                   kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
-                                  kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum, partial_pass="cuda")
+                                  kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum, partial_pass=c.reason)
 
 
 def cuda_probe(args, classes, out: Path, t0: float) -> None:
-    """The shipped wrapper against the CUDA partial pass (see the module docstring)."""
+    """The shipped wrapper against the CUDA partial pass or (``--warpgroup``) its warpgroup form
+    (see the module docstring)."""
     import torch
 
     module, dev, arch, sms = tune.probe_device(args.kernel_src)
@@ -196,12 +212,15 @@ def cuda_probe(args, classes, out: Path, t0: float) -> None:
     rows = []
     record = {"gpu": torch.cuda.get_device_name(dev), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "results": rows}
-    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
-                                                                  t0 + args.budget_s):
+    stem = "split_kv_warpgroup_probe" if args.warpgroup else "split_kv_cuda_probe"
+    points = WARPGROUP_POINTS if args.warpgroup else AROUND_POINTS
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, points, dev, t0 + args.budget_s):
         rs = [b.radiance_kwargs(kw) for kw in sets]
         _, launch = tune.time_wrapper(shipped, b, sets)
         segments = launch.num_segments if launch is not None and launch.is_3d else 64
-        variants = cuda_variants(k, width, segments, smem_limit)
+        variants = cuda_variants(k, width, segments, smem_limit, args.warpgroup)
+        if not variants:
+            continue
         times = {}
         for _ in range(2):
             times["shipped"] = min(times.get("shipped", float("inf")), tune.time_wrapper(shipped, b, sets)[0])
@@ -225,9 +244,9 @@ def cuda_probe(args, classes, out: Path, t0: float) -> None:
               f"({times['shipped'] / floor:.2f}x) cuda {times[best]:.1f} ({times[best] / floor:.2f}x, {best}) "
               f"ulps shipped {rows[-1]['ulps_vs_ref']['shipped']:.2f} cuda {rows[-1]['ulps_vs_ref']['cuda']:.2f}",
               flush=True)
-        (out / "split_kv_cuda_probe.json").write_text(json.dumps(record, indent=1))
-    (out / "split_kv_cuda_probe.md").write_text(cuda_table(rows, record["gpu"], record["when"]))
-    cuda_plot(rows, record["gpu"], out / "split_kv_cuda_probe.png")
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    (out / f"{stem}.md").write_text(cuda_table(rows, record["gpu"], record["when"]))
+    cuda_plot(rows, record["gpu"], out / f"{stem}.png")
 
 
 def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
@@ -244,7 +263,7 @@ def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
     fig, axes = plt.subplots(1, len(classes), figsize=(4 * len(classes), 3.6), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], classes):
         mine = [r for r in rows if r["class"] == name]
-        for width, marker in ((1, "o"), (4, "s"), (9, "^")):
+        for width, marker in zip(sorted({r["width"] for r in mine}), "os^Dv"):
             pts = [r for r in mine if r["width"] == width]
             ax.scatter([f"{r['ctx'] // 1024}K x{r['seqs']}" for r in pts], [r["best_us"] / r["shipped_us"] for r in pts],
                        marker=marker, label=f"width {width}")
@@ -253,7 +272,8 @@ def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
         ax.tick_params(axis="x", labelsize=7, rotation=45)
     axes[0][0].set_ylabel("CUDA pass / shipped (time)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"split-KV partial pass: CUDA vs shipped, {gpu}", fontsize=10)
+    form = "warpgroup form" if any(r["best"].startswith("wg_") for r in rows) else "mma.sync warps"
+    fig.suptitle(f"split-KV partial pass: CUDA ({form}) vs shipped, {gpu}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -261,7 +281,8 @@ def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
 
 def cuda_table(rows: list[dict], gpu: str, when: str) -> str:
     """The CUDA probe's records as a markdown table, with counts within 2x of the floor."""
-    lines = [f"# The CUDA partial pass against what radiance ships ({gpu}, {when})",
+    form = "its warpgroup form" if any(r["best"].startswith("wg_") for r in rows) else "mma.sync warps"
+    lines = [f"# The CUDA partial pass ({form}) against what radiance ships ({gpu}, {when})",
              "", "Medians of CUDA-graph replays, KV rotated past L2, two alternations, the faster kept. "
              "floor: the KV bytes at 4.25 TB/s. ulps: the largest row difference from the fp32 reference, "
              "in bf16 ulps of the row's largest value.", "",
@@ -360,8 +381,9 @@ def latency_probe(args, classes, out: Path, t0: float) -> None:
     failed |= _build_all(((by_name[n], v, w) for (n, _, _, w), c in ships.items()
                           for v in variants(n, c).values() if v.max_registers is not None), args.jobs, t0)
     rows = []
-    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
-                                                                  t0 + args.budget_s):
+    stem = "split_kv_warpgroup_probe" if args.warpgroup else "split_kv_cuda_probe"
+    points = WARPGROUP_POINTS if args.warpgroup else AROUND_POINTS
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, points, dev, t0 + args.budget_s):
         c = ships.get((k.name, ctx, seqs, width))
         if c is None or (k.name, shape(c)) not in builds:
             continue
@@ -469,6 +491,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", action="store_true",
                     help="only the shipped launch against the block table one tile ahead and register caps")
     ap.add_argument("--cuda", action="store_true", help="only the shipped wrapper against the CUDA partial pass")
+    ap.add_argument("--warpgroup", action="store_true",
+                    help="with --cuda: the warpgroup form at widths 4, 6 and 9 (split_kv_warpgroup_probe.*)")
     ap.add_argument("--replot", metavar="JSON", help="rewrite an earlier --cuda run's table and plot into --out")
     ap.add_argument("--classes", help="comma list of class names (default: all)")
     args = ap.parse_args(argv)
@@ -476,8 +500,9 @@ def main(argv=None) -> int:
         record = json.loads(Path(args.replot).read_text())
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "split_kv_cuda_probe.md").write_text(cuda_table(record["results"], record["gpu"], record["when"]))
-        cuda_plot(record["results"], record["gpu"], out / "split_kv_cuda_probe.png")
+        stem = Path(args.replot).stem
+        (out / f"{stem}.md").write_text(cuda_table(record["results"], record["gpu"], record["when"]))
+        cuda_plot(record["results"], record["gpu"], out / f"{stem}.png")
         return 0
     classes = [c for c in tune.CLASSES if not args.classes or c.name in args.classes.split(",")]
     import torch

@@ -7,7 +7,8 @@ The launch is the shipped table's for that geometry (or ``--segments/--tile/--wa
 on the tuning harness's inputs (random KV, unit fp8 scales); it runs ``--reps`` times. ``--cuda``
 runs radiance-kernels' CUDA partial pass instead of the Triton one (``--warps`` its key warps,
 ``--tile`` / ``--warps`` keys a warp, ``--stages`` its ring depth; the kernel is
-``split_kv_partial_kernel``).
+``split_kv_partial_kernel``); ``--warpgroup`` its warpgroup form (64-key tiles, ``--stages``;
+``split_kv_warpgroup_kernel``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-m", type=int)
     ap.add_argument("--stages", type=int)
     ap.add_argument("--cuda", action="store_true", help="the CUDA partial pass")
+    ap.add_argument("--warpgroup", action="store_true", help="the CUDA partial pass's warpgroup form (64-key tiles)")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args(argv)
     import torch
@@ -59,12 +61,14 @@ def main(argv=None) -> int:
                                  num_stages=args.stages or launch.num_stages)
     if args.cuda:  # num_warps: the key warps (None: tile / 32)
         launch = dataclasses.replace(launch, block_q=args.width, num_warps=args.warps)
+    if args.warpgroup:
+        launch = dataclasses.replace(launch, block_q=args.width, tile_size=64)
     print(f"{k.name} ctx={args.ctx} seqs={args.seqs} width={args.width}: {launch.describe()}", flush=True)
     for _ in range(args.reps):
         split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
                                kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
                                kw["v_descale"], launch, b.segm_out, b.segm_max, b.segm_sum,
-                               partial_pass="cuda" if args.cuda else "triton")
+                               partial_pass="cuda_warpgroup" if args.warpgroup else "cuda" if args.cuda else "triton")
     torch.cuda.synchronize()
     return 0
 

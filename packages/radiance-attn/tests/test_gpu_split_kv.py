@@ -95,7 +95,35 @@ def test_latency_options_change_no_bit(kv, head, q_heads, kv_heads, width, block
     assert torch.isfinite(want).all() and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp16", "fp8_fp16q"])
+_DTYPES = {"bf16": (torch.bfloat16, torch.bfloat16), "fp16": (torch.float16, torch.float16),
+           "fp8": (torch.float8_e4m3fn, torch.bfloat16), "fp8_fp16q": (torch.float8_e4m3fn, torch.float16)}
+
+
+def _check_cuda_pass(kv, head, q_heads, kv_heads, width, q_mag, seed, launch, partial_pass):
+    """A CUDA partial pass followed by the same reduce, against float64: every row within the bound
+    the Triton partial pass meets. ``kv``: a key of _DTYPES (KV dtype, query dtype)."""
+    q, k, v, cu, lens, bt, ks, vs, k_scale, v_scale = _inputs("fp8" if kv.startswith("fp8") else "bf16", head,
+                                                              q_heads, kv_heads, width, q_mag, seed)
+    q_dtype = _DTYPES[kv][1]
+    if q_dtype == torch.float16:
+        q = (q.float() / max(q_mag, 1.0) * 100).half()  # fp16 holds up to 65504
+    if kv == "fp16":
+        k, v = k.half(), v.half()
+    sm_scale = head**-0.5 / (q_mag if q_dtype == torch.bfloat16 else 100.0)
+    units = q.shape[0] * q.shape[1] * launch.num_segments
+    part = (torch.full((units * head,), float("nan"), device=q.device),
+            torch.full((units,), float("nan"), device=q.device), torch.full((units,), float("nan"), device=q.device))
+    out = torch.full_like(q, float("nan"))
+    split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part,
+                           partial_pass=partial_pass)
+    ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref).abs().amax(-1)
+    ulps = (err / (2.0**-7 * ref.abs().amax(-1))).max().item()
+    assert ulps <= 1.5, ulps
+
+
+@pytest.mark.parametrize("kv", list(_DTYPES))
 @pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
 @pytest.mark.parametrize("width, block_q, tile, stages, segments", [
     (1, 1, 32, 2, 64), (1, 1, 128, 3, 16), (1, 1, 256, 2, 8), (4, 4, 64, 2, 32), (4, 2, 128, 4, 4),
@@ -104,39 +132,39 @@ def test_latency_options_change_no_bit(kv, head, q_heads, kv_heads, width, block
 @pytest.mark.parametrize("keys_per_warp", [16, 32])
 def test_cuda_partial_matches_reference(kv, head, q_heads, kv_heads, width, block_q, tile, stages, segments, q_mag,
                                         keys_per_warp):
-    """The CUDA partial pass (radiance-kernels' split_kv_partial) followed by the same reduce, against
-    float64: every row within the bound the Triton partial pass meets."""
+    """The CUDA partial pass (radiance-kernels' split_kv_partial) against float64."""
     from radiance.kernels import split_kv_attention
 
-    group = q_heads // kv_heads
-    row_tiles = -(-block_q * group // 16)
+    row_tiles = -(-block_q * (q_heads // kv_heads) // 16)
     key_warps = tile // keys_per_warp
-    kv_dtype = torch.float8_e4m3fn if kv.startswith("fp8") else (torch.float16 if kv == "fp16" else torch.bfloat16)
-    q_dtype = torch.float16 if kv in ("fp16", "fp8_fp16q") else torch.bfloat16
-    why = split_kv_attention.launch_refusal(head, kv_dtype, q_dtype, row_tiles, key_warps, stages,
+    why = split_kv_attention.launch_refusal(head, *_DTYPES[kv], row_tiles, key_warps, stages,
                                             torch.cuda.get_device_properties(0).shared_memory_per_block_optin,
                                             keys_per_warp)
     if why is not None:
         pytest.skip(f"no such launch: {why}")
-    q, k, v, cu, lens, bt, ks, vs, k_scale, v_scale = _inputs("fp8" if kv.startswith("fp8") else "bf16", head,
-                                                              q_heads, kv_heads, width, q_mag, 3 * head + width + tile)
-    if q_dtype == torch.float16:
-        q = (q.float() / max(q_mag, 1.0) * 100).half()  # fp16 holds up to 65504
-    if kv == "fp16":
-        k, v = k.half(), v.half()
-    sm_scale = head**-0.5 / (q_mag if q_dtype == torch.bfloat16 else 100.0)
     launch = policy.TritonLaunch(segments, 16 * row_tiles, block_q, tile, key_warps, stages, "t", kernel="radiance")
-    units = q.shape[0] * q.shape[1] * segments
-    part = (torch.full((units * head,), float("nan"), device=q.device),
-            torch.full((units,), float("nan"), device=q.device), torch.full((units,), float("nan"), device=q.device))
-    out = torch.full_like(q, float("nan"))
-    split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part,
-                           partial_pass="cuda")
-    ref = reference.unified_attention(q, k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
-    assert torch.isfinite(out).all()
-    err = (out.double() - ref).abs().amax(-1)
-    ulps = (err / (2.0**-7 * ref.abs().amax(-1))).max().item()
-    assert ulps <= 1.5, ulps
+    _check_cuda_pass(kv, head, q_heads, kv_heads, width, q_mag, 3 * head + width + tile, launch, "cuda")
+
+
+@pytest.mark.parametrize("kv", list(_DTYPES))
+@pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
+@pytest.mark.parametrize("width, block_q, stages, segments", [
+    (1, 1, 2, 64), (2, 2, 4, 1), (4, 4, 2, 32), (5, 5, 2, 16), (6, 6, 3, 16), (9, 9, 2, 64), (9, 9, 3, 8),
+    (9, 4, 2, 16)])
+@pytest.mark.parametrize("q_mag", [1.0, 1.0e6])
+def test_warpgroup_partial_matches_reference(kv, head, q_heads, kv_heads, width, block_q, stages, segments, q_mag):
+    """The warpgroup-MMA partial pass (split_kv_partial_warpgroup) against float64."""
+    from radiance.kernels import split_kv_attention
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warpgroup MMAs need sm_90")
+    n_tiles = next(n for n in split_kv_attention.WARPGROUP_COLUMNS if 8 * n >= block_q * (q_heads // kv_heads))
+    why = split_kv_attention.warpgroup_launch_refusal(
+        head, *_DTYPES[kv], n_tiles, stages, torch.cuda.get_device_properties(0).shared_memory_per_block_optin)
+    if why is not None:
+        pytest.skip(f"no such launch: {why}")
+    launch = policy.TritonLaunch(segments, 8 * n_tiles, block_q, 64, 4, stages, "t", kernel="radiance")
+    _check_cuda_pass(kv, head, q_heads, kv_heads, width, q_mag, 5 * head + width + stages, launch, "cuda_warpgroup")
 
 
 def test_cuda_partial_refuses_bad_input():

@@ -61,6 +61,9 @@ GOOD = textwrap.dedent("""
     int radiance_split_kv_supported(void) { return 0; }
     int radiance_split_kv_smem(int, int, int, int, int, int) { return 0; }
     int radiance_split_kv_partial(void) { return 0; }
+    int radiance_split_kv_warpgroup_supported(void) { return 0; }
+    int radiance_split_kv_warpgroup_smem(int, int, int, int) { return 0; }
+    int radiance_split_kv_warpgroup(void) { return 0; }
     }
 """)
 

@@ -36,14 +36,19 @@ def test_smem_bytes():
     assert skv.smem_bytes(256, BF16, 1, 4, 3, 16) == 8192 + 512 + 3 * 64 * 4 + 3 * 2 * 64 * 512
 
 
-def test_host_checks_before_launch():
+def _decode_call():
+    """CPU tensors of a two-sequence decode step (head 256, 16 query heads over 2 fp8 KV heads)."""
     q = torch.zeros(2, 16, 256, dtype=BF16)
     k = torch.zeros(8, 16, 2, 256, dtype=FP8)
     bt = torch.zeros(2, 4, dtype=torch.int32)
     lens = torch.full((2,), 64, dtype=torch.int32)
     cu = torch.tensor([0, 1, 2], dtype=torch.int32)
     part = torch.zeros(2 * 16 * 4 * 256), torch.zeros(2 * 16 * 4), torch.zeros(2 * 16 * 4)
-    scale = torch.ones(1)
+    return q, k, bt, lens, cu, part, torch.ones(1)
+
+
+def test_host_checks_before_launch():
+    q, k, bt, lens, cu, part, scale = _decode_call()
     args = dict(softmax_scale=0.1, q_blocks_per_seq=1, block_q=1, num_segments=4, key_warps=2,
                 k_scale=scale, v_scale=scale)
     with pytest.raises(ValueError, match="block_q 3 x 8 heads"):
@@ -56,3 +61,31 @@ def test_host_checks_before_launch():
         skv.split_kv_partial(q, k, k.to(BF16), bt, lens, cu, *part, **args)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         skv.split_kv_partial(q, k, k, bt, lens, cu, *part, **args)
+
+
+def test_warpgroup_launch_refusal_and_smem():
+    assert skv.warpgroup_launch_refusal(256, FP8, BF16, 9, 2) is None  # a width-9 verify block
+    assert skv.warpgroup_launch_refusal(128, F16, F16, 9, 5) is None
+    assert "24 query rows" in skv.warpgroup_launch_refusal(256, FP8, BF16, 3, 2)
+    assert skv.warpgroup_launch_refusal(128, FP8, BF16, 5, 2) is None  # width 9 at 4 heads a KV head: 36 rows
+    assert "head size 64" in skv.warpgroup_launch_refusal(64, FP8, BF16, 4, 2)
+    assert "stages" in skv.warpgroup_launch_refusal(256, FP8, BF16, 4, 1)
+    # query rows (72 x 256 x 2), P (72 x 128), 7 x 72 floats, 2 x 64 entries, rounded to 128, then
+    # two stages of K and V (64 keys x 256 fp8 bytes), after 1024 bytes of alignment slack:
+    # 113 KB, two blocks on a 228 KB multiprocessor
+    fixed = 72 * 512 + 72 * 128 + 7 * 72 * 4 + 2 * 64 * 4
+    assert skv.warpgroup_smem_bytes(256, FP8, 9, 2) == 1024 + -(-fixed // 128) * 128 + 2 * 2 * 64 * 256
+    assert "shared memory" in skv.warpgroup_launch_refusal(256, BF16, BF16, 9, 3, smem_limit=227 * 1024)
+
+
+def test_warpgroup_host_checks_before_launch():
+    q, k, bt, lens, cu, part, scale = _decode_call()
+    args = dict(softmax_scale=0.1, q_blocks_per_seq=1, block_q=1, num_segments=4, k_scale=scale, v_scale=scale)
+    with pytest.raises(ValueError, match="block_q 5 x 8 heads a KV head exceeds 32"):
+        skv.split_kv_partial_warpgroup(q, k, k, bt, lens, cu, *part, **dict(args, block_q=5, n_tiles=4))
+    with pytest.raises(ValueError, match="56 query rows"):
+        skv.split_kv_partial_warpgroup(q, k, k, bt, lens, cu, *part, **dict(args, n_tiles=7))
+    with pytest.raises(ValueError, match="fp8 KV needs v_scale"):
+        skv.split_kv_partial_warpgroup(q, k, k, bt, lens, cu, *part, **dict(args, v_scale=None))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        skv.split_kv_partial_warpgroup(q, k, k, bt, lens, cu, *part, **args)

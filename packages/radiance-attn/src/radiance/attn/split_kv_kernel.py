@@ -273,16 +273,19 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     ``_e4m3_to_fp16_in_registers``); None: wherever that PTX runs (CUDA sm_89+, not Triton's
     interpreter).
 
-    ``partial_pass``: "triton" (``_partial`` above) or "cuda": radiance-kernels'
+    ``partial_pass``: "triton" (``_partial`` above); "cuda": radiance-kernels'
     ``split_kv_partial`` (the same algebra, mma.sync with the query rows padded to 16 instead of
     BLOCK_M, the KV tile's keys split over warps: ``num_warps`` is its key warps (None: tile / 32,
     at least 1), each taking ``tile_size / num_warps`` keys (16 or 32) of a tile, ``num_stages`` its
-    ring depth, BLOCK_M unused). The same reduce follows.
+    ring depth, BLOCK_M unused); "cuda_warpgroup": its warpgroup-MMA form
+    (``split_kv_partial_warpgroup``, sm_90: the query rows as the MMA's N, padded to 32, 48 or 72;
+    ``tile_size`` must be its 64 keys; ``num_stages`` the ring depth; BLOCK_M and ``num_warps``
+    unused). The same reduce follows.
     """
     import torch
 
-    if partial_pass not in ("triton", "cuda"):
-        raise ValueError(f"partial_pass must be 'triton' or 'cuda', got {partial_pass!r}")
+    if partial_pass not in ("triton", "cuda", "cuda_warpgroup"):
+        raise ValueError(f"partial_pass must be 'triton', 'cuda' or 'cuda_warpgroup', got {partial_pass!r}")
     if v_in_registers is None:
         v_in_registers = q.is_cuda and _ptx_fp8_conversion(q.device.index)
 
@@ -308,6 +311,18 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
             softmax_scale=softmax_scale, q_blocks_per_seq=q_blocks, block_q=launch_cfg.block_q,
             num_segments=seg, key_warps=key_warps, keys_per_warp=launch_cfg.tile_size // key_warps,
             stages=launch_cfg.num_stages or 2,
+            k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
+        compiled = None
+    elif partial_pass == "cuda_warpgroup":
+        from radiance.kernels import split_kv_attention
+
+        if launch_cfg.tile_size != split_kv_attention.WARPGROUP_TILE:
+            raise ValueError(f"the warpgroup partial pass takes {split_kv_attention.WARPGROUP_TILE}-key tiles, "
+                             f"not {launch_cfg.tile_size}")
+        split_kv_attention.split_kv_partial_warpgroup(
+            q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum,
+            softmax_scale=softmax_scale, q_blocks_per_seq=q_blocks, block_q=launch_cfg.block_q,
+            num_segments=seg, stages=launch_cfg.num_stages or 2,
             k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
         compiled = None
     else:

@@ -41,9 +41,9 @@ from radiance.kernels import registry
 
 logger = logging.getLogger("vllm.radiance.kernels")
 
-ABI_VERSION = 9  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
+ABI_VERSION = 10  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
 # 5: its TMA kernel; 6: the decode GEMMs' overlap_next launch argument; 7: their l2_prefetch one;
-# 8: the split-KV attention partial pass; 9: its keys_per_warp argument
+# 8: the split-KV attention partial pass; 9: its keys_per_warp argument; 10: its warpgroup-MMA form
 LIB_NAME = "libradiance_kernels.so"
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant", "block_fp8_mm")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
@@ -477,10 +477,20 @@ class KernelLibrary:
         self.split_kv_partial.argtypes = ([c_vp, c_i64, c_i64] + [c_vp, c_i64, c_i64, c_i64] * 2
                                           + [c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_f]
                                           + [c_int] * 13 + [c_vp])
+        # Its warpgroup-MMA form (split_kv_warpgroup.cu): the same arguments, n_tiles for the warp shape.
+        lib.radiance_split_kv_warpgroup_supported.argtypes = []
+        lib.radiance_split_kv_warpgroup_supported.restype = c_int
+        self.split_kv_warpgroup_supported = lib.radiance_split_kv_warpgroup_supported
+        lib.radiance_split_kv_warpgroup_smem.argtypes = [c_int] * 4
+        lib.radiance_split_kv_warpgroup_smem.restype = c_int
+        self.split_kv_warpgroup_smem = lib.radiance_split_kv_warpgroup_smem
+        self.split_kv_warpgroup = lib.radiance_split_kv_warpgroup
+        self.split_kv_warpgroup.argtypes = self.split_kv_partial.argtypes[:30] + [c_int, c_int, c_vp]
         # Benchmark and test only: pins an op's launch layout (vpt 0 restores the heuristic).
         self.set_launch_config = lib.radiance_set_launch_config
         self.set_launch_config.argtypes = [c_int] * 5
         for fn in (self.set_launch_config, self.block_fp8_mm, self.block_fp8_mm_tma, self.split_kv_partial,
+                   self.split_kv_warpgroup,
                    self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
                    self.peer_region_free, self.peer_set_create, self.peer_set_destroy,
                    self.peer_set_handshake, self.all_reduce, self.ar_add_rms_quant):

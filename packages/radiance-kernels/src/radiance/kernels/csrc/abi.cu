@@ -187,7 +187,7 @@ bool aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes
 
 }  // namespace radiance
 
-RAD_EXPORT int radiance_abi_version(void) { return 9; }
+RAD_EXPORT int radiance_abi_version(void) { return 10; }
 
 RAD_EXPORT const char* radiance_error_string(int code) {
   return rad_error_string_of(code);

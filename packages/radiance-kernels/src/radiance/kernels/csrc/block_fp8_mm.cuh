@@ -1,9 +1,10 @@
 // What the decode block-FP8 GEMM kernels share (block_fp8_mm.cu: mma.sync and register-fed wgmma;
 // block_fp8_mm_tma.cu: tensor-memory-accelerator copies and wgmma from shared memory): the launch
-// arguments, the output stores, the split-K combine and the warpgroup-MMA fences.
+// arguments, the output stores and the split-K combine (the warpgroup-MMA plumbing is wgmma.cuh's).
 #pragma once
 
 #include "portability.h"
+#include "wgmma.cuh"
 
 namespace radiance {
 
@@ -145,24 +146,6 @@ RAD_DEVICE void combine_splits(const BlockFp8MmArgs& p, int n_block, int block_r
     store_out(p.c, token * p.ldc + n_block + row, p.out_dtype, s);
   }
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
-}
-
-#if !defined(RADIANCE_HIP) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define RADIANCE_WGMMA 1
-#endif
-
-RAD_DEVICE void wgmma_fence() {
-#ifdef RADIANCE_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-// Wait for every wgmma this warp issued (their accumulators are read next).
-RAD_DEVICE void wgmma_commit_and_wait() {
-#ifdef RADIANCE_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
 }
 
 // Host side, both exports: checks what every decode GEMM kernel needs (M 1-16, N a multiple of

@@ -95,32 +95,6 @@ RAD_DEVICE void tma_load_hinted(uint32_t dst, const TensorMap& map, int col, int
       : "memory");
 }
 
-RAD_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-
-// Wait until at most N of this warp's committed MMA groups are still running.
-template <int N>
-RAD_DEVICE void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Ties an accumulator's registers to this point of the program: the MMAs write them
-// asynchronously, so reads of them must not be moved above the wait that precedes this.
-template <int TT>
-RAD_DEVICE void fence_accumulators(float (&d)[TT][4]) {
-#pragma unroll
-  for (int t = 0; t < TT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[t][e])::"memory");
-}
-
-// Descriptor of a K-major tile the TMA wrote with the 128-byte swizzle: 128-byte rows, 8-row
-// groups 1024 bytes apart (stride byte offset), layout type 1 (bits 62-63); the leading byte
-// offset is unused by swizzled K-major layouts (1 by convention).
-RAD_DEVICE uint64_t swizzled_tile_descriptor(uint32_t addr) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
-}
-
 // d (64 weight rows x 8TT tokens, this thread's C fragments) = A(64x32) * B(32 x 8TT) + (add ? d :
 // 0), both operands in shared memory. Starting a group with add = 0 instead of zeroing d keeps
 // every access to the accumulators inside wgmma, which lets ptxas keep one group's MMAs in flight

@@ -42,34 +42,10 @@
 //    permute splits them into the two head elements' key pairs, each one fp16 B fragment. The
 //    output's head axis comes out interleaved (thread t of a 16-element chunk holds elements 4t to
 //    4t + 3), which the store undoes.
-#include "portability.h"
+#include "split_kv_common.cuh"
 
 namespace radiance {
 namespace {
-
-struct SplitKvArgs {
-  const uint8_t* q;
-  const uint8_t* k;
-  const uint8_t* v;
-  const int* block_table;
-  const int* seq_lens;
-  const int* cu_q;
-  float* part_out;
-  float* part_max;
-  float* part_sum;
-  const float* k_scale;
-  const float* v_scale;
-  float scale_log2;
-  int64_t q_st, q_sh;              // query strides (elements): token, head
-  int64_t k_sb, k_ss, k_sh;        // cache strides (elements): block, slot, KV head
-  int64_t v_sb, v_ss, v_sh;
-  int64_t bt_stride;
-  int num_q_heads, q_blocks_per_seq, num_segments, group, block_q, block_size, kw, stages;
-};
-
-// mode: 0 fp8 KV with bf16 queries, 1 fp8 KV with fp16 queries, 2 bf16, 3 fp16 (KV and queries).
-__host__ __device__ constexpr bool mode_fp8(int mode) { return mode < 2; }
-__host__ __device__ constexpr bool mode_bf16_query(int mode) { return mode == 0 || mode == 2; }
 
 // Shared memory of one block: query rows, their score multipliers, the block-table entries of
 // the tiles in flight, the KV ring (reused after the loop for the key-slice merge).
@@ -93,46 +69,6 @@ __host__ __device__ constexpr int max_threads(int head, int mt) { return head ==
 
 #if !defined(RADIANCE_HIP)
 
-RAD_DEVICE uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-RAD_DEVICE void copy16(uint32_t dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-#endif
-}
-RAD_DEVICE void copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-RAD_DEVICE void copy_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// Waits until at most `pending` copy groups are in flight (pending = stages - 2, stages 2-5).
-RAD_DEVICE void copy_wait_pending(int pending) {
-  switch (pending) {
-    case 0: copy_wait<0>(); break;
-    case 1: copy_wait<1>(); break;
-    case 2: copy_wait<2>(); break;
-    default: copy_wait<3>(); break;
-  }
-}
-
-RAD_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-RAD_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // d += a (16 x 16, row) b (16 x 8, col), fp32 accumulation; BF16 picks the input type.
 template <bool BF16>
 RAD_DEVICE void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -151,54 +87,16 @@ RAD_DEVICE void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
   }
 }
 
-// Two e4m3 values (low byte first) -> two fp16 values (low half first), exactly.
-RAD_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-  uint32_t out = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(out) : "r"(pair));
-#endif
-  return out;
-}
-
-RAD_DEVICE float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two fp32 values (lo first) as a 16-bit pair of the products' input type.
-template <bool BF16>
-RAD_DEVICE uint32_t pack2(float lo, float hi) {
-  if constexpr (BF16) {
-    return (uint32_t)rad_f32_to_bf16(lo) | ((uint32_t)rad_f32_to_bf16(hi) << 16);
-  } else {
-    return (uint32_t)rad_f32_to_f16(lo) | ((uint32_t)rad_f32_to_f16(hi) << 16);
-  }
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `row_bytes` rows.
-RAD_DEVICE uint32_t swizzled(int row, int chunk, int row_bytes) {
-  return (uint32_t)(row * row_bytes + ((chunk ^ (row & 7)) << 4));
-}
-
-// fp8 modes store query element d of each 16-element chunk at position qk_position(d) so that a
-// standard A-fragment ldmatrix hands thread t the elements 4t..4t+3 its K fragment pairs with
-// (see the top): position 2t + e holds element 4t + e, position 8 + 2t + e element 4t + 2 + e.
-RAD_DEVICE int qk_position(int d) { return ((d & 2) << 2) | ((d >> 2) << 1) | (d & 1); }
-
 template <int HEAD, int MODE, int MT, int KPW>
 __global__ void __launch_bounds__(max_threads(HEAD, MT))
     split_kv_partial_kernel(const SplitKvArgs p) {
   constexpr bool FP8 = mode_fp8(MODE);
-  constexpr bool QBF16 = mode_bf16_query(MODE);
   constexpr bool DOT_BF16 = MODE == 2;
   constexpr int RB = HEAD * (FP8 ? 1 : 2);  // bytes a key row
-  constexpr int RC = RB / 16;               // 16-byte chunks a key row
   constexpr int QB = HEAD * 2;              // bytes a query row
   constexpr int ROWS = MT * 16;
   constexpr int NT = HEAD / 8;              // output n8 tiles a row tile
   constexpr int NJ = KPW / 8;               // key n8 tiles a warp's slice
-  constexpr int TPR = RC < 8 ? RC : 8;      // copying threads a key row (128 bytes a request run)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sq = smem;
   float* const row_scale = reinterpret_cast<float*>(smem + ROWS * QB);
@@ -209,68 +107,15 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
   const int g = lane >> 2, tq = lane & 3;
   const int kw = p.kw, tile = KPW * kw, stages = p.stages;
   const int mt = warp % MT, ks = warp / MT;
-  const int seq = blockIdx.x / p.q_blocks_per_seq, q_block = blockIdx.x - seq * p.q_blocks_per_seq;
-  const int kv_head = blockIdx.y, seg = blockIdx.z;
-
   rad_wait_prior_grids();  // everything below reads what earlier kernels wrote
-  const int q_start = p.cu_q[seq];
-  const int q_len = p.cu_q[seq + 1] - q_start;
-  if (q_block * p.block_q >= q_len) return;
-  const int seq_len = p.seq_lens[seq];
-  const int context = seq_len - q_len;
-  const int num_tiles = (seq_len + tile - 1) / tile;
-  const int per_seg = (num_tiles + p.num_segments - 1) / p.num_segments;
-  const int lo = seg * per_seg;
-  // The block's last row sees keys up to context + its position: tiles past it are skipped.
-  const int block_keys = context + min((q_block + 1) * p.block_q, q_len);
-  const int hi = min(min(lo + per_seg, num_tiles), (block_keys + tile - 1) / tile);
-  if (lo >= hi) return;
+  const SplitKvBlock blk(p, tile);
+  if (blk.lo >= blk.hi) return;
+  const int q_block = blk.q_block, kv_head = blk.kv_head, seg = blk.seg;
+  const int q_start = blk.q_start, q_len = blk.q_len, context = blk.context, lo = blk.lo, hi = blk.hi;
 
-  // ---- the KV ring: TPR threads a key row, 16 bytes each, 8 x 16 contiguous bytes a run ----
-  // Thread i < tile reads row i's block-table entry for tile t into entries[(t - lo) % stages]
-  // one tile before t's copies read it from there (that slot last held tile t - stages's entries).
-  const int* table = p.block_table + (int64_t)seq * p.bt_stride;
-  auto table_entry = [&](int t) -> int {
-    const int key = t * tile + (int)threadIdx.x;
-    return ((int)threadIdx.x < tile && t < hi && key < seq_len) ? table[key / p.block_size] : 0;
-  };
-  auto keep_entry = [&](int t, int entry) {
-    if ((int)threadIdx.x < tile) entries[((t - lo) % stages) * tile + threadIdx.x] = entry;
-  };
-  const int rows_a_pass = (int)blockDim.x / TPR, copy_sub = (int)threadIdx.x % TPR;
-  auto issue = [&](int t) {
-    uint8_t* kdst = ring + ((t - lo) % stages) * 2 * tile * RB;
-    const uint32_t kbase = shared_address(kdst), vbase = kbase + tile * RB;
-    const int* ent = entries + ((t - lo) % stages) * tile;
-    for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass) {
-      const int key = t * tile + row;
-      const bool valid = key < seq_len;
-      const int slot = valid ? key % p.block_size : 0;
-      const int64_t entry = ent[row];
-      const uint8_t* ksrc = p.k + (entry * p.k_sb + (int64_t)slot * p.k_ss + (int64_t)kv_head * p.k_sh) * (RB / HEAD);
-      const uint8_t* vsrc = p.v + (entry * p.v_sb + (int64_t)slot * p.v_ss + (int64_t)kv_head * p.v_sh) * (RB / HEAD);
-#pragma unroll
-      for (int c = copy_sub; c < RC; c += TPR) {
-        copy16(kbase + swizzled(row, c, RB), valid ? ksrc + 16 * c : p.k, valid);
-        copy16(vbase + swizzled(row, c, RB), valid ? vsrc + 16 * c : p.v, valid);
-      }
-    }
-  };
-  {  // the first `stages` tiles' entries (loads in flight together), then stages - 1 tiles' copies
-    int first[5];
-#pragma unroll
-    for (int s = 0; s < 5; ++s) first[s] = s < stages ? table_entry(lo + s) : 0;
-#pragma unroll
-    for (int s = 0; s < 5; ++s)
-      if (s < stages) keep_entry(lo + s, first[s]);
-  }
-  __syncthreads();
-  int next_tile = lo;
-  for (int s = 0; s < stages - 1; ++s) {
-    if (next_tile < hi) issue(next_tile);
-    ++next_tile;
-    copy_commit();
-  }
+  // ---- the KV ring (split_kv_common.cuh) ----
+  const KvRing<HEAD, RB> kv(p, blk, ring, entries, tile);
+  int next_tile = kv.start();
 
   // ---- query rows into shared memory (16 elements a thread), and their score multipliers ----
   {
@@ -278,40 +123,8 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
     const int i = threadIdx.x % LPR;
     const float k_scale = FP8 ? *p.k_scale : 1.f;
     for (int r = threadIdx.x / LPR; r < ROWS; r += blockDim.x / LPR) {
-      const int pos = q_block * p.block_q + r / p.group;
-      const int head = kv_head * p.group + r % p.group;
-      const bool ok = r < p.block_q * p.group && pos < q_len;
-      uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-      if (ok) {
-        const uint4* src = reinterpret_cast<const uint4*>(
-            p.q + ((int64_t)(q_start + pos) * p.q_st + (int64_t)head * p.q_sh + 16 * i) * 2);
-        raw[0] = src[0];
-        raw[1] = src[1];
-      }
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(raw);
       alignas(16) uint16_t out[16];
-      float scale = p.scale_log2;
-      if constexpr (FP8) {
-        float x[16], amax = 0.f;
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          x[e] = QBF16 ? rad_bf16_to_f32(h[e]) : rad_f16_to_f32(h[e]);
-          amax = fmaxf(amax, fabsf(x[e]));
-        }
-#pragma unroll
-        for (int m = 1; m < LPR; m <<= 1) amax = fmaxf(amax, rad_shfl_xor(amax, m));
-        // c = 2^(14 - floor(log2 amax)) from the exponent field (all-zero row: the largest c)
-        const int e2 = (int)((rad_f2u(amax) >> 23) & 0xFF) - 127;
-        const int biased = min(max(127 + 14 - e2, 1), 253);
-        const float c = rad_u2f((uint32_t)biased << 23);
-        const float inv_c = rad_u2f((uint32_t)(254 - biased) << 23);
-#pragma unroll
-        for (int e = 0; e < 16; ++e) out[qk_position(e)] = (uint16_t)rad_f32_to_f16(x[e] * c);
-        scale = p.scale_log2 * k_scale * inv_c;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 16; ++e) out[e] = h[e];
-      }
+      const float scale = query_chunk<MODE, LPR>(blk.query(p, r, i), out, p.scale_log2, k_scale);
       uint8_t* row = sq;
       *reinterpret_cast<uint4*>(row + swizzled(r, 2 * i, QB)) = *reinterpret_cast<const uint4*>(out);
       *reinterpret_cast<uint4*>(row + swizzled(r, 2 * i + 1, QB)) = *reinterpret_cast<const uint4*>(out + 8);
@@ -342,14 +155,13 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
       qk_scale[0] = row_scale[mt * 16 + g];
       qk_scale[1] = row_scale[mt * 16 + g + 8];
     }
-    if (next_tile < hi) issue(next_tile);
+    if (next_tile < hi) kv.issue(next_tile);
     // tile next_tile + 1's entries: loaded now, kept after this tile's products hid the latency
-    const int ahead = table_entry(next_tile + 1);
+    const int ahead = kv.entry(next_tile + 1);
     ++next_tile;
     copy_commit();
 
-    const uint8_t* sk = ring + ((t - lo) % stages) * 2 * tile * RB;
-    const uint32_t k_base = shared_address(sk), v_base = k_base + tile * RB;
+    const uint32_t k_base = shared_address(kv.stage(t)), v_base = k_base + tile * RB;
     const int key0 = KPW * ks;  // the warp's first key in the tile
 
     // S = Q K^T over the warp's KPW keys: NJ n8 tiles
@@ -460,7 +272,7 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
         }
       }
     }
-    keep_entry(next_tile, ahead);  // read after the next iteration's barrier
+    kv.keep(next_tile, ahead);  // read after the next iteration's barrier
   }
   rad_release_dependents();
 
@@ -635,40 +447,13 @@ RAD_EXPORT int radiance_split_kv_partial(const void* q, int64_t q_st, int64_t q_
   using namespace radiance;
   const int bad = (int)rad_error_invalid_value;
   const int smem = radiance_split_kv_smem(head, mode, m_tiles, keys_per_warp, key_warps, stages);
-  if (!radiance_split_kv_supported() || smem == 0) return bad;
-  if (num_seqs < 1 || num_kv_heads < 1 || num_q_heads % num_kv_heads || q_blocks_per_seq < 1 ||
-      num_segments < 1 || block_q < 1 || block_size < 1 || bt_stride < 1)
-    return bad;
-  const int group = num_q_heads / num_kv_heads;
-  if (block_q * group > 16 * m_tiles || (mode_fp8(mode) && (k_scale == nullptr || v_scale == nullptr)))
-    return bad;
-  if ((q_st | q_sh | k_sb | k_ss | k_sh | v_sb | v_ss | v_sh) < 0) return bad;
-  if (smem > device_smem_optin()) return bad;
+  if (!radiance_split_kv_supported() || smem == 0 || smem > device_smem_optin()) return bad;
   SplitKvArgs p;
-  p.q = static_cast<const uint8_t*>(q);
-  p.k = static_cast<const uint8_t*>(k);
-  p.v = static_cast<const uint8_t*>(v);
-  p.block_table = block_table;
-  p.seq_lens = seq_lens;
-  p.cu_q = cu_q;
-  p.part_out = part_out;
-  p.part_max = part_max;
-  p.part_sum = part_sum;
-  p.k_scale = k_scale;
-  p.v_scale = v_scale;
-  p.scale_log2 = scale_log2;
-  p.q_st = q_st, p.q_sh = q_sh;
-  p.k_sb = k_sb, p.k_ss = k_ss, p.k_sh = k_sh;
-  p.v_sb = v_sb, p.v_ss = v_ss, p.v_sh = v_sh;
-  p.bt_stride = bt_stride;
-  p.num_q_heads = num_q_heads;
-  p.q_blocks_per_seq = q_blocks_per_seq;
-  p.num_segments = num_segments;
-  p.group = group;
-  p.block_q = block_q;
-  p.block_size = block_size;
-  p.kw = key_warps;
-  p.stages = stages;
+  if (const int e = make_split_kv_args(q, q_st, q_sh, k, k_sb, k_ss, k_sh, v, v_sb, v_ss, v_sh, block_table,
+                                       bt_stride, seq_lens, cu_q, part_out, part_max, part_sum, k_scale, v_scale,
+                                       scale_log2, mode, num_seqs, num_kv_heads, num_q_heads, q_blocks_per_seq,
+                                       num_segments, block_q, block_size, 16 * m_tiles, key_warps, stages, &p))
+    return e;
   const dim3 grid((unsigned)(num_seqs * q_blocks_per_seq), (unsigned)num_kv_heads, (unsigned)num_segments);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   return (int)(head == 256 ? launch_split_kv_mode<256>(mode, keys_per_warp, m_tiles, grid, p, smem, s)

@@ -1,0 +1,299 @@
+// What the two split-KV partial passes share (split_kv_attention.cu: mma.sync warps;
+// split_kv_warpgroup.cu: Hopper warpgroup MMAs): the launch arguments, the cp.async KV ring with
+// its block-table entries a tile ahead, the operand loads and conversions, and the query
+// relabelling of the fp8 modes. split_kv_attention.cu's header explains the numerics.
+#pragma once
+
+#include "portability.h"
+
+namespace radiance {
+namespace {
+
+struct SplitKvArgs {
+  const uint8_t* q;
+  const uint8_t* k;
+  const uint8_t* v;
+  const int* block_table;
+  const int* seq_lens;
+  const int* cu_q;
+  float* part_out;
+  float* part_max;
+  float* part_sum;
+  const float* k_scale;
+  const float* v_scale;
+  float scale_log2;
+  int64_t q_st, q_sh;              // query strides (elements): token, head
+  int64_t k_sb, k_ss, k_sh;        // cache strides (elements): block, slot, KV head
+  int64_t v_sb, v_ss, v_sh;
+  int64_t bt_stride;
+  int num_q_heads, q_blocks_per_seq, num_segments, group, block_q, block_size;
+  int kw, stages;  // key warps (split_kv_attention.cu; 1 in split_kv_warpgroup.cu), ring depth
+};
+
+// mode: 0 fp8 KV with bf16 queries, 1 fp8 KV with fp16 queries, 2 bf16, 3 fp16 (KV and queries).
+__host__ __device__ constexpr bool mode_fp8(int mode) { return mode < 2; }
+__host__ __device__ constexpr bool mode_bf16_query(int mode) { return mode == 0 || mode == 2; }
+
+// Host side, both exports: checks what both passes need (the shapes, a query block of at most
+// max_rows rows, the fp8 scales, non-negative strides) and fills `p`. Returns 0, or the
+// invalid-value code.
+inline int make_split_kv_args(const void* q, int64_t q_st, int64_t q_sh, const void* k, int64_t k_sb, int64_t k_ss,
+                              int64_t k_sh, const void* v, int64_t v_sb, int64_t v_ss, int64_t v_sh,
+                              const int* block_table, int64_t bt_stride, const int* seq_lens, const int* cu_q,
+                              float* part_out, float* part_max, float* part_sum, const float* k_scale,
+                              const float* v_scale, float scale_log2, int mode, int num_seqs, int num_kv_heads,
+                              int num_q_heads, int q_blocks_per_seq, int num_segments, int block_q, int block_size,
+                              int max_rows, int key_warps, int stages, SplitKvArgs* p) {
+  const int bad = (int)rad_error_invalid_value;
+  if (num_seqs < 1 || num_kv_heads < 1 || num_q_heads % num_kv_heads || q_blocks_per_seq < 1 ||
+      num_segments < 1 || block_q < 1 || block_size < 1 || bt_stride < 1)
+    return bad;
+  const int group = num_q_heads / num_kv_heads;
+  if (block_q * group > max_rows || (mode_fp8(mode) && (k_scale == nullptr || v_scale == nullptr))) return bad;
+  if ((q_st | q_sh | k_sb | k_ss | k_sh | v_sb | v_ss | v_sh) < 0) return bad;
+  p->q = static_cast<const uint8_t*>(q);
+  p->k = static_cast<const uint8_t*>(k);
+  p->v = static_cast<const uint8_t*>(v);
+  p->block_table = block_table;
+  p->seq_lens = seq_lens;
+  p->cu_q = cu_q;
+  p->part_out = part_out;
+  p->part_max = part_max;
+  p->part_sum = part_sum;
+  p->k_scale = k_scale;
+  p->v_scale = v_scale;
+  p->scale_log2 = scale_log2;
+  p->q_st = q_st, p->q_sh = q_sh;
+  p->k_sb = k_sb, p->k_ss = k_ss, p->k_sh = k_sh;
+  p->v_sb = v_sb, p->v_ss = v_ss, p->v_sh = v_sh;
+  p->bt_stride = bt_stride;
+  p->num_q_heads = num_q_heads;
+  p->q_blocks_per_seq = q_blocks_per_seq;
+  p->num_segments = num_segments;
+  p->group = group;
+  p->block_q = block_q;
+  p->block_size = block_size;
+  p->kw = key_warps;
+  p->stages = stages;
+  return 0;
+}
+
+#if !defined(RADIANCE_HIP)
+
+RAD_DEVICE uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+RAD_DEVICE void copy16(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+RAD_DEVICE void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+RAD_DEVICE void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Waits until at most `pending` copy groups are in flight (pending = stages - 2, stages 2-5).
+RAD_DEVICE void copy_wait_pending(int pending) {
+  switch (pending) {
+    case 0: copy_wait<0>(); break;
+    case 1: copy_wait<1>(); break;
+    case 2: copy_wait<2>(); break;
+    default: copy_wait<3>(); break;
+  }
+}
+
+RAD_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+RAD_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Two e4m3 values (low byte first) -> two fp16 values (low half first), exactly.
+RAD_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  uint32_t out = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(out) : "r"(pair));
+#endif
+  return out;
+}
+
+RAD_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two fp32 values (lo first) as a 16-bit pair of the products' input type.
+template <bool BF16>
+RAD_DEVICE uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    return (uint32_t)rad_f32_to_bf16(lo) | ((uint32_t)rad_f32_to_bf16(hi) << 16);
+  } else {
+    return (uint32_t)rad_f32_to_f16(lo) | ((uint32_t)rad_f32_to_f16(hi) << 16);
+  }
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `row_bytes` rows.
+RAD_DEVICE uint32_t swizzled(int row, int chunk, int row_bytes) {
+  return (uint32_t)(row * row_bytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// fp8 modes store query element d of each 16-element chunk at position qk_position(d) so that a
+// standard A-fragment ldmatrix hands thread t the elements 4t..4t+3 its K fragment pairs with
+// (see the top): position 2t + e holds element 4t + e, position 8 + 2t + e element 4t + 2 + e.
+RAD_DEVICE int qk_position(int d) { return ((d & 2) << 2) | ((d >> 2) << 1) | (d & 1); }
+
+
+// Sixteen elements of a query row as the first product's operand, from `src` (the row's elements
+// 16i..16i + 15 for thread i of the row's LPR threads, consecutive lanes of one warp; nullptr for
+// a padding row: zeros), and the row's score multiplier. fp8 modes widen the row to fp16 times
+// the power of two c that puts its largest magnitude in [2^14, 2^15) (exact for every element
+// above 2^-28 of that largest, no overflow for any bf16 or fp16 input) and relabel it for the
+// K fragments (qk_position); the multiplier then carries k_scale / c.
+template <int MODE, int LPR>
+RAD_DEVICE float query_chunk(const uint8_t* src, uint16_t (&out)[16], float scale_log2, float k_scale) {
+  uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+  if (src != nullptr) {
+    raw[0] = reinterpret_cast<const uint4*>(src)[0];
+    raw[1] = reinterpret_cast<const uint4*>(src)[1];
+  }
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(raw);
+  if constexpr (mode_fp8(MODE)) {
+    float x[16], amax = 0.f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      x[e] = mode_bf16_query(MODE) ? rad_bf16_to_f32(h[e]) : rad_f16_to_f32(h[e]);
+      amax = fmaxf(amax, fabsf(x[e]));
+    }
+#pragma unroll
+    for (int m = 1; m < LPR; m <<= 1) amax = fmaxf(amax, rad_shfl_xor(amax, m));
+    // c = 2^(14 - floor(log2 amax)) from the exponent field (all-zero row: the largest c)
+    const int e2 = (int)((rad_f2u(amax) >> 23) & 0xFF) - 127;
+    const int biased = min(max(127 + 14 - e2, 1), 253);
+    const float c = rad_u2f((uint32_t)biased << 23);
+    const float inv_c = rad_u2f((uint32_t)(254 - biased) << 23);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) out[qk_position(e)] = (uint16_t)rad_f32_to_f16(x[e] * c);
+    return scale_log2 * k_scale * inv_c;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 16; ++e) out[e] = h[e];
+    return scale_log2;
+  }
+}
+
+// What a block covers: its (sequence, query block, KV head, segment) from the grid, the
+// sequence's query rows and context, and tiles [lo, hi) of `tile` keys: segment `seg` of the
+// sequence's tiles, cut where the block's last row stops seeing keys (lo >= hi: nothing to do).
+// Reads what earlier kernels wrote: call after rad_wait_prior_grids.
+struct SplitKvBlock {
+  int seq, q_block, kv_head, seg, q_start, q_len, seq_len, context, lo, hi;
+  int rows;  // the block's query rows (row r: token r / group, head r % group); the rest pad
+  RAD_DEVICE SplitKvBlock(const SplitKvArgs& p, int tile) {
+    seq = (int)blockIdx.x / p.q_blocks_per_seq;
+    q_block = (int)blockIdx.x - seq * p.q_blocks_per_seq;
+    kv_head = (int)blockIdx.y;
+    seg = (int)blockIdx.z;
+    q_start = p.cu_q[seq];
+    q_len = p.cu_q[seq + 1] - q_start;
+    seq_len = p.seq_lens[seq];
+    context = seq_len - q_len;
+    lo = hi = rows = 0;
+    if (q_block * p.block_q >= q_len) return;
+    rows = min(p.block_q, q_len - q_block * p.block_q) * p.group;
+    const int num_tiles = (seq_len + tile - 1) / tile;
+    const int per_seg = (num_tiles + p.num_segments - 1) / p.num_segments;
+    lo = seg * per_seg;
+    const int block_keys = context + min((q_block + 1) * p.block_q, q_len);
+    hi = min(min(lo + per_seg, num_tiles), (block_keys + tile - 1) / tile);
+  }
+  // Elements 16i.. of query row r (nullptr for a padding row), for query_chunk.
+  RAD_DEVICE const uint8_t* query(const SplitKvArgs& p, int r, int i) const {
+    if (r >= rows) return nullptr;
+    const int64_t token = q_start + q_block * p.block_q + r / p.group, head = kv_head * p.group + r % p.group;
+    return p.q + (token * p.q_st + head * p.q_sh + 16 * i) * 2;
+  }
+};
+
+// The KV ring of a block: `stages` buffers of a tile's K rows then V rows (`RB` bytes a row,
+// swizzled), filled with cp.async, TPR consecutive threads a key row so a request run covers 128
+// contiguous bytes; keys past the sequence are zero-filled (a masked key's V row is 0, never stale
+// bytes). Thread i < tile reads row i's block-table entry for tile t into
+// entries[(t - lo) % stages] one tile before t's copies read it from there.
+template <int HEAD, int RB>
+struct KvRing {
+  static constexpr int RC = RB / 16;           // 16-byte chunks a key row
+  static constexpr int TPR = RC < 8 ? RC : 8;  // copying threads a key row
+  const SplitKvArgs& p;
+  const int* table;
+  uint8_t* ring;
+  int* entries;
+  int tile, stages, lo, hi, seq_len, kv_head;
+
+  RAD_DEVICE KvRing(const SplitKvArgs& args, const SplitKvBlock& b, uint8_t* ring_, int* entries_, int tile_)
+      : p(args), table(args.block_table + (int64_t)b.seq * args.bt_stride), ring(ring_), entries(entries_),
+        tile(tile_), stages(args.stages), lo(b.lo), hi(b.hi), seq_len(b.seq_len), kv_head(b.kv_head) {}
+
+  RAD_DEVICE int entry(int t) const {
+    const int key = t * tile + (int)threadIdx.x;
+    return ((int)threadIdx.x < tile && t < hi && key < seq_len) ? table[key / p.block_size] : 0;
+  }
+  RAD_DEVICE void keep(int t, int e) const {
+    if ((int)threadIdx.x < tile) entries[((t - lo) % stages) * tile + threadIdx.x] = e;
+  }
+  // Tile t's K rows; its V rows follow at + tile * RB.
+  RAD_DEVICE uint8_t* stage(int t) const { return ring + ((t - lo) % stages) * 2 * tile * RB; }
+  RAD_DEVICE void issue(int t) const {
+    const uint32_t kbase = shared_address(stage(t)), vbase = kbase + tile * RB;
+    const int* ent = entries + ((t - lo) % stages) * tile;
+    const int rows_a_pass = (int)blockDim.x / TPR, copy_sub = (int)threadIdx.x % TPR;
+    for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass) {
+      const int key = t * tile + row;
+      const bool valid = key < seq_len;
+      const int slot = valid ? key % p.block_size : 0;
+      const int64_t e = ent[row];
+      const uint8_t* ksrc = p.k + (e * p.k_sb + (int64_t)slot * p.k_ss + (int64_t)kv_head * p.k_sh) * (RB / HEAD);
+      const uint8_t* vsrc = p.v + (e * p.v_sb + (int64_t)slot * p.v_ss + (int64_t)kv_head * p.v_sh) * (RB / HEAD);
+#pragma unroll
+      for (int c = copy_sub; c < RC; c += TPR) {
+        copy16(kbase + swizzled(row, c, RB), valid ? ksrc + 16 * c : p.k, valid);
+        copy16(vbase + swizzled(row, c, RB), valid ? vsrc + 16 * c : p.v, valid);
+      }
+    }
+  }
+  // The first `stages` tiles' entries (their loads in flight together), then stages - 1 tiles'
+  // copies, one commit group each. Returns the next tile to issue.
+  RAD_DEVICE int start() const {
+    int first[5];
+#pragma unroll
+    for (int s = 0; s < 5; ++s) first[s] = s < stages ? entry(lo + s) : 0;
+#pragma unroll
+    for (int s = 0; s < 5; ++s)
+      if (s < stages) keep(lo + s, first[s]);
+    __syncthreads();
+    int next = lo;
+    for (int s = 0; s < stages - 1; ++s) {
+      if (next < hi) issue(next);
+      ++next;
+      copy_commit();
+    }
+    return next;
+  }
+};
+
+#endif  // !RADIANCE_HIP
+
+}  // namespace
+}  // namespace radiance
