@@ -1,5 +1,6 @@
 """radiance's split-KV kernel on the GPU: bf16 queries, bf16 and fp8 KV, against float64."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -189,7 +190,8 @@ def test_cuda_partial_refuses_bad_input():
 
 
 def test_cuda_partial_smem_arithmetic_matches_the_library():
-    """The host's shared-memory arithmetic (launch_refusal's limit check) is the source's own."""
+    """The host's shared-memory arithmetic (the refusals' limit checks) is the source's own, for
+    both forms of the pass."""
     from radiance.kernels import library, split_kv_attention
 
     lib = library.get(0)
@@ -201,3 +203,11 @@ def test_cuda_partial_smem_arithmetic_matches_the_library():
             if split_kv_attention.launch_refusal(head, kv, qd, rows, kw, st, keys_per_warp=kpw) is not None:
                 want = 0
             assert lib.split_kv_smem(head, mode, rows, kpw, kw, st) == want
+    # the warpgroup form: every column count, both KV widths, shallow and deep rings; 0 for shapes
+    # without an instance (3 tiles, 24 rows, is not one)
+    for head, mode, n_tiles, st in itertools.product((128, 256), (0, 2), (2, 3, 4, 5, 6, 9), (2, 5)):
+        kv, qd = modes[mode]
+        want = split_kv_attention.warpgroup_smem_bytes(head, kv, n_tiles, st)
+        if split_kv_attention.warpgroup_launch_refusal(head, kv, qd, n_tiles, st) is not None:
+            want = 0
+        assert lib.split_kv_warpgroup_smem(head, mode, n_tiles, st) == want

@@ -32,6 +32,7 @@ WARPGROUP_TILE = 64  # its keys a KV tile (the segments' unit)
 _MODE = {(torch.float8_e4m3fn, torch.bfloat16): 0, (torch.float8_e4m3fn, torch.float16): 1,
          (torch.bfloat16, torch.bfloat16): 2, (torch.float16, torch.float16): 3}
 _reasons: dict[int, str | None] = {}
+_warpgroup_reasons: dict[int, str | None] = {}
 
 
 def unsupported_reason(device) -> str | None:
@@ -99,17 +100,20 @@ def smem_bytes(head: int, kv_dtype: torch.dtype, row_tiles: int, key_warps: int,
 
 
 def warpgroup_unsupported_reason(device) -> str | None:
-    """None when the warpgroup form runs on ``device``, else why not."""
+    """None when the warpgroup form runs on ``device``, else why not (decided once per device)."""
     why = unsupported_reason(device)
     if why is not None:
         return why
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if torch.cuda.get_device_capability(index) != (9, 0):
-        return "warpgroup MMAs (wgmma) need sm_90"
-    if not library.get(index).split_kv_warpgroup_supported():
-        return "the library reports no warpgroup split-KV kernel for this device"
-    return None
+    if index not in _warpgroup_reasons:
+        if torch.cuda.get_device_capability(index) != (9, 0):
+            _warpgroup_reasons[index] = "warpgroup MMAs (wgmma) need sm_90"
+        elif not library.get(index).split_kv_warpgroup_supported():
+            _warpgroup_reasons[index] = "the library reports no warpgroup split-KV kernel for this device"
+        else:
+            _warpgroup_reasons[index] = None
+    return _warpgroup_reasons[index]
 
 
 def warpgroup_launch_refusal(head: int, kv_dtype: torch.dtype, q_dtype: torch.dtype, n_tiles: int, stages: int,
@@ -241,7 +245,7 @@ def split_kv_partial_warpgroup(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     ``WARPGROUP_TILE`` keys, ``stages`` tiles in flight."""
     group = _check_tensors(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum)
     if block_q < 1:
-        raise ValueError(f"block_q {block_q}")
+        raise ValueError(f"block_q must be at least 1, got {block_q}")
     if n_tiles is None:
         n_tiles = next((n for n in WARPGROUP_COLUMNS if 8 * n >= block_q * group), WARPGROUP_COLUMNS[-1])
     if block_q * group > 8 * n_tiles:

@@ -51,30 +51,10 @@ inline int make_split_kv_args(const void* q, int64_t q_st, int64_t q_sh, const v
   const int group = num_q_heads / num_kv_heads;
   if (block_q * group > max_rows || (mode_fp8(mode) && (k_scale == nullptr || v_scale == nullptr))) return bad;
   if ((q_st | q_sh | k_sb | k_ss | k_sh | v_sb | v_ss | v_sh) < 0) return bad;
-  p->q = static_cast<const uint8_t*>(q);
-  p->k = static_cast<const uint8_t*>(k);
-  p->v = static_cast<const uint8_t*>(v);
-  p->block_table = block_table;
-  p->seq_lens = seq_lens;
-  p->cu_q = cu_q;
-  p->part_out = part_out;
-  p->part_max = part_max;
-  p->part_sum = part_sum;
-  p->k_scale = k_scale;
-  p->v_scale = v_scale;
-  p->scale_log2 = scale_log2;
-  p->q_st = q_st, p->q_sh = q_sh;
-  p->k_sb = k_sb, p->k_ss = k_ss, p->k_sh = k_sh;
-  p->v_sb = v_sb, p->v_ss = v_ss, p->v_sh = v_sh;
-  p->bt_stride = bt_stride;
-  p->num_q_heads = num_q_heads;
-  p->q_blocks_per_seq = q_blocks_per_seq;
-  p->num_segments = num_segments;
-  p->group = group;
-  p->block_q = block_q;
-  p->block_size = block_size;
-  p->kw = key_warps;
-  p->stages = stages;
+  *p = SplitKvArgs{static_cast<const uint8_t*>(q), static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
+                   block_table, seq_lens, cu_q, part_out, part_max, part_sum, k_scale, v_scale, scale_log2,
+                   q_st, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, bt_stride, num_q_heads, q_blocks_per_seq,
+                   num_segments, group, block_q, block_size, key_warps, stages};
   return 0;
 }
 
