@@ -153,9 +153,8 @@ def around_probe(args, classes, out: Path, t0: float) -> None:
                          for c in [table_launch(k, ctx, seqs, width, sms)] if c for v in around(c).values()),
                         args.jobs, t0)
     rows = []
-    stem = "split_kv_warpgroup_probe" if args.warpgroup else "split_kv_cuda_probe"
-    points = WARPGROUP_POINTS if args.warpgroup else AROUND_POINTS
-    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, points, dev, t0 + args.budget_s):
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
+                                                                  t0 + args.budget_s):
         c = table_launch(k, ctx, seqs, width, sms)
         if c is None:
             continue
@@ -381,9 +380,8 @@ def latency_probe(args, classes, out: Path, t0: float) -> None:
     failed |= _build_all(((by_name[n], v, w) for (n, _, _, w), c in ships.items()
                           for v in variants(n, c).values() if v.max_registers is not None), args.jobs, t0)
     rows = []
-    stem = "split_kv_warpgroup_probe" if args.warpgroup else "split_kv_cuda_probe"
-    points = WARPGROUP_POINTS if args.warpgroup else AROUND_POINTS
-    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, points, dev, t0 + args.budget_s):
+    for k, b, (ctx, seqs, width), sets, stock in tune.probe_points(module, classes, AROUND_POINTS, dev,
+                                                                  t0 + args.budget_s):
         c = ships.get((k.name, ctx, seqs, width))
         if c is None or (k.name, shape(c)) not in builds:
             continue
