@@ -183,21 +183,22 @@ def cuda_variants(k: tune.Klass, width: int, segments: int, smem_limit: int,
             if n_tiles is None or skv.warpgroup_launch_refusal(k.head_size, kv, torch.bfloat16, n_tiles, st, smem_limit):
                 continue
             out[f"wg_n{8 * n_tiles}_st{st}_s{seg}"] = policy.TritonLaunch(
-                seg, 8 * n_tiles, width, skv.WARPGROUP_TILE, 4, st, "cuda_warpgroup", kernel="radiance")
+                seg, 8 * n_tiles, width, skv.WARPGROUP_TILE, 4, st, "probe", kernel="radiance",
+                partial_pass="cuda_warpgroup")
         return out
     row_tiles = -(-width * group // 16)
     for kpw, kw, st, seg in itertools.product(skv.KEYS_PER_WARP, skv.KEY_WARPS, (2, 3, 4), seg_choices):
         if skv.launch_refusal(k.head_size, kv, torch.bfloat16, row_tiles, kw, st, smem_limit, kpw):
             continue
         out[f"cuda_t{kpw * kw}_w{kw}_st{st}_s{seg}"] = policy.TritonLaunch(seg, 16 * row_tiles, width, kpw * kw, kw, st,
-                                                                            "cuda", kernel="radiance")
+                                                                            "probe", kernel="radiance", partial_pass="cuda")
     return out
 
 
 def run_cuda(b: tune.Bench, kw: dict, c: policy.TritonLaunch):
     return split_kv_kernel.launch(kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"],
                                   kw["block_table"], kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"],
-                                  kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum, partial_pass=c.reason)
+                                  kw["v_descale"], c, b.segm_out, b.segm_max, b.segm_sum)
 
 
 def cuda_probe(args, classes, out: Path, t0: float) -> None:

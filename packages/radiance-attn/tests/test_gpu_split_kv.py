@@ -168,6 +168,27 @@ def test_warpgroup_partial_matches_reference(kv, head, q_heads, kv_heads, width,
     _check_cuda_pass(kv, head, q_heads, kv_heads, width, q_mag, 5 * head + width + stages, launch, "cuda_warpgroup")
 
 
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("head, q_heads, kv_heads, width", [(256, 16, 2, 4), (256, 16, 2, 6), (256, 16, 2, 9),
+                                                             (128, 32, 8, 6), (128, 32, 8, 9)])
+def test_a_tables_warpgroup_launch_matches_reference(kv, head, q_heads, kv_heads, width):
+    """A table naming the warpgroup pass for the widened blocks: the policy's launch (BLOCK_Q the
+    width, not BLOCK_M's), the wrapper's decision that it runs here, the launch against float64."""
+    from radiance.attn import triton_launch, tune
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warpgroup MMAs need sm_90")
+    rule = tune._rule(16, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w4s2", {32: "wg_s3", 64: "wg_s2", 128: "wg_s2"})
+    geo = policy.Geometry(arch="sm_90", head_size=head, num_query_heads=q_heads, num_kv_heads=kv_heads,
+                          num_tokens=3 * width, num_seqs=3, max_seqlen_q=width, max_seqlen_k=5000, kv_dtype=kv,
+                          num_sms=132)
+    launch = policy.triton_launch(geo, {"arch": "sm_90", "triton": {"default": rule, "classes": []}})
+    assert (launch.kernel, launch.partial_pass, launch.block_q) == ("radiance", "cuda_warpgroup", width)
+    q, k, *_ = _inputs(kv, head, q_heads, kv_heads, width, 1.0, 0)
+    assert triton_launch._warpgroup_or_triton_pass(launch, geo, q, k) == launch
+    _check_cuda_pass(kv, head, q_heads, kv_heads, width, 1.0, 7 * head + width, launch, launch.partial_pass)
+
+
 def test_cuda_partial_refuses_bad_input():
     """Shapes and dtypes the CUDA partial pass has no launch for raise before anything runs."""
     from radiance.kernels import split_kv_attention

@@ -292,3 +292,38 @@ def test_triton_launch_register_cap_and_table_ahead_from_the_table():
         tables.validate({"arch": "x", "triton": {"default": dict(rule, registers_3d=96.5)}})
     with pytest.raises(ValueError, match="table_ahead"):
         tables.validate({"arch": "x", "triton": {"default": dict(rule, kernel_3d="vllm")}})
+
+
+def test_triton_launch_warpgroup_pass_from_the_table():
+    split = {"coef": 16, "exp": 1 / 3, "min": 4, "max": 256}
+    wg = {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance", "partial_pass": "cuda_warpgroup"}
+    rule = {"max_query_len": 16, "max_seqs": 8, "split": split, "tile_3d": 64, "warps_3d": 4, "stages_3d": 2,
+            "kernel_3d": "radiance", "table_ahead_3d": True,
+            "wide": {"block_m": [32, 64, 128], "min_fill": 0.4,
+                     "launch": {"32": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
+                                "64": dict(wg, table_ahead=True), "128": wg}}}
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    tables.validate(table)
+    # the stock block's split launch: the Triton pass, BLOCK_Q from BLOCK_M
+    w1 = policy.triton_launch(sm90(num_tokens=1, max_seqlen_q=1), table)
+    assert (w1.partial_pass, w1.block_q, w1.table_ahead) == ("triton", 2, True)
+    # a width-6 step at 8 heads a KV head: BLOCK_M 64, but the warpgroup pass runs its 48 rows
+    w6 = policy.triton_launch(sm90(num_tokens=6, max_seqlen_q=6), table)
+    assert (w6.partial_pass, w6.block_m, w6.block_q, w6.table_ahead) == ("cuda_warpgroup", 64, 6, False)
+    assert "radiance kernel (cuda_warpgroup)" in w6.describe()
+    w9 = policy.triton_launch(sm90(num_tokens=18, num_seqs=2, max_seqlen_q=9), table)
+    assert (w9.block_m, w9.block_q) == (128, 9)
+    # a longer step than BLOCK_M holds keeps BLOCK_M's tokens (two q-blocks)
+    w16 = policy.triton_launch(sm90(num_tokens=16, max_seqlen_q=16), table)
+    assert (w16.block_m, w16.block_q) == (128, 16)
+    assert policy.triton_launch(sm90(), table).partial_pass == "triton"  # width 4: 32 rows, the Triton pass
+    # an unsplit launch is vLLM's 2D kernel, whatever the entry names
+    unsplit = dict(rule, split=dict(split, unsplit_below=1 << 20))
+    one = policy.triton_launch(sm90(num_tokens=9, max_seqlen_q=9),
+                               {"arch": "sm_90", "triton": {"default": unsplit, "classes": []}})
+    assert (one.num_segments, one.kernel, one.partial_pass, one.block_q) == (1, "vllm", "triton", 16)
+    with pytest.raises(ValueError, match="partial_pass"):
+        tables.validate({"arch": "x", "triton": {"default": dict(rule, partial_pass_3d="cuda_mma")}})
+    with pytest.raises(ValueError, match="radiance's kernel only"):
+        tables.validate({"arch": "x", "triton": {"default": dict(rule, kernel_3d="vllm", table_ahead_3d=False,
+                                                                  partial_pass_3d="cuda_warpgroup")}})

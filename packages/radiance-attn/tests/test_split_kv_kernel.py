@@ -293,3 +293,65 @@ def test_wrapper_hands_the_register_cap_to_vllms_kernel(kernel_module, monkeypat
     runner.launch(kw, policy.TritonLaunch(4, 16, 4, 64, 4, 2, "t", max_registers=96))
     runner.launch(kw, policy.TritonLaunch(4, 16, 4, 64, 4, 2, "t"))
     assert recorder.launches[0]["maxnreg"] == 96 and "maxnreg" not in recorder.launches[1]
+
+
+def test_warpgroup_refusal_before_any_launch():
+    """The warpgroup partial pass's own limits, decided from the launch, dtypes and device."""
+    pytest.importorskip("radiance.kernels.split_kv_attention")
+    wg = replace(_launch(seg=16, bm=64, tile=64, group=8), block_q=6, partial_pass="cuda_warpgroup")
+    args = (256, torch.bfloat16, torch.float8_e4m3fn, 8)
+    assert "32-key tile (the warpgroup pass takes 64)" in split_kv_kernel.warpgroup_refusal(replace(wg, tile_size=32), *args, "cpu")
+    assert "80 query rows" in split_kv_kernel.warpgroup_refusal(replace(wg, block_q=10), *args, "cpu")
+    assert "needs a CUDA GPU" in split_kv_kernel.warpgroup_refusal(wg, *args, "cpu")
+
+
+def test_warpgroup_call_refusal_wants_16_byte_alignment():
+    q, k, v, *_ = _tensors()
+    assert split_kv_kernel.warpgroup_call_refusal(q, k, v) is None
+    assert "q is not 16-byte aligned" in split_kv_kernel.warpgroup_call_refusal(q[:, :, 1:], k, v)
+    assert "K cache" in split_kv_kernel.warpgroup_call_refusal(q, k[:, :, :, 4:], v)
+
+
+def _warpgroup_table():
+    from radiance.attn import tune
+
+    rule = tune._rule(16, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w4s2", {64: "wg_s2", 128: "wg_s2"})
+    return {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+
+
+def _verify_call(q_len=6, kv_heads=2, group=8):
+    kw = dict(_call(), cu_seqlens_q=torch.tensor([0, q_len], dtype=torch.int32), max_seqlen_q=q_len,
+              seqused_k=torch.tensor([4096], dtype=torch.int32), max_seqlen_k=4096, softmax_scale=0.0625,
+              causal=True, window_size=(-1, -1), block_table=torch.zeros(1, 256, dtype=torch.int32),
+              softmax_segm_output=torch.empty(q_len * 16 * 256 * 256), softmax_segm_max=torch.empty(q_len * 16 * 256),
+              softmax_segm_expsum=torch.empty(q_len * 16 * 256))
+    kw["q"] = torch.zeros(q_len, kv_heads * group, 256, dtype=torch.bfloat16)
+    kw["k"] = torch.zeros(256, 16, kv_heads, 256).to(torch.float8_e4m3fn)
+    kw["v"] = kw["k"].clone()
+    kw["out"] = torch.empty_like(kw["q"])
+    return kw
+
+
+def test_a_warpgroup_launch_runs_where_it_can_and_on_the_triton_pass_elsewhere(kernel_module, monkeypatch):
+    """A table's warpgroup launch: on this machine (no sm_90 GPU) the same launch on the Triton
+    pass, with the reason; where the pass runs, its launch, handed to split_kv_kernel.launch; a
+    call whose tensors it cannot take, the Triton pass for that call."""
+    from radiance.attn import triton_launch
+    from radiance.attn.triton_launch import RadianceUnifiedAttention
+
+    r = RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132, table=_warpgroup_table())
+    _, launch, reason = r.decide(_verify_call())
+    assert (launch.kernel, launch.partial_pass, launch.block_m, launch.block_q) == ("radiance", "triton", 64, 8)
+    assert "Triton partial pass: needs a CUDA GPU" in reason
+
+    monkeypatch.setattr(split_kv_kernel, "warpgroup_refusal", lambda *a: None)
+    launched = []
+    monkeypatch.setattr(triton_launch.split_kv_kernel, "launch", lambda *a, **k: launched.append(a[11]))
+    r = RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132, table=_warpgroup_table())
+    r(**_verify_call())
+    assert (launched[-1].partial_pass, launched[-1].block_m, launched[-1].block_q) == ("cuda_warpgroup", 64, 6)
+    kw = _verify_call()
+    kw["q"] = torch.zeros(6, 16, 264, dtype=torch.bfloat16)[:, :, 4:260]  # 8-byte aligned view
+    r(**kw)
+    assert (launched[-1].partial_pass, launched[-1].block_q) == ("triton", 8)
+    assert "Triton partial pass: q is not 16-byte aligned" in r.last_decision[2]

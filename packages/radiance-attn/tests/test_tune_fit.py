@@ -31,7 +31,7 @@ def _points(rule=None):
                     t = 10.0 * (1 + 0.2 * abs(math.log2(c.num_segments / best.num_segments)))
                     t *= 1.0 if (c.tile_size, c.num_warps, c.num_stages) == (best.tile_size, best.num_warps,
                                                                             best.num_stages) else 1.4
-                    t *= 1.0 if c.kernel == best.kernel else 1.3
+                    t *= 1.0 if (c.kernel, c.partial_pass) == (best.kernel, best.partial_pass) else 1.3
                     t *= 1.0 if c.block_m == best.block_m else 1.5
                     cands[tune._key(c)] = t
                 key = min(cands, key=cands.get)
@@ -67,15 +67,88 @@ def test_fit_recovers_a_widened_block_that_wants_more_segments():
     assert rule["wide"]["launch"]["128"]["split_scale"] == 0.5
 
 
+def test_fit_picks_the_warpgroup_pass_where_it_is_fastest():
+    truth = tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w8s2", {32: "wg_s3", 64: "t32w4", 128: "wg_s2"},
+                       {128: 0.5})
+    points = _points(truth)
+    rule, score = tune.fit(points, "sm_90", 8, 9)
+    assert score["unmeasured_choices"] == 0 and score["mean_regret_pct"] < 1.0, score
+    assert rule["wide"]["launch"]["128"] == {**tune.WARPGROUP, "stages": 2, "split_scale": 0.5}
+    assert rule["wide"]["launch"]["32"] == {**tune.WARPGROUP, "stages": 3}
+    table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    tables.validate(table)
+    w9 = next(p for p in points if (p["ctx"], p["seqs"], p["width"]) == (131072, 8, 9))
+    launch = policy.triton_launch(tune._geo(w9, "sm_90"), table)
+    assert (launch.partial_pass, launch.block_m, launch.block_q) == ("cuda_warpgroup", 128, 9)
+    assert tune._key(launch).endswith("_wg_rk") and w9["candidates"][tune._key(launch)] == 10.0
+
+
+def test_the_sweep_leaves_out_what_the_warpgroup_pass_refuses(monkeypatch):
+    """On a machine without the warpgroup pass (here: no GPU) its candidates are recorded as
+    refused with the reason and not timed; every other candidate is."""
+    import torch
+
+    timed = []
+    monkeypatch.setattr(tune, "time_graph", lambda fns: timed.append(len(fns)) or 5.0)
+
+    class FakeBench:
+        def radiance_kwargs(self, kw):
+            return kw
+
+    launches = tune.candidate_launches(KLASS, 32768, 8, 9)
+    refused, unbuilt = {}, {}
+    cands = tune.time_candidates(None, KLASS, FakeBench(), [{"q": torch.zeros(1)}], launches, unbuilt, refused)
+    triton_pass = [c for c in launches if c.partial_pass == "triton"]
+    assert len(cands) == len(triton_pass) == len(timed) and not unbuilt
+    assert set(cands) == {tune._key(c) for c in triton_pass}
+    assert refused and all("needs a CUDA GPU" in why for why in refused.values())
+    assert all(key.endswith("_wg_rk") for _, key in refused)
+
+
+def test_extending_a_merged_point_times_what_it_lacks_and_its_best_again(monkeypatch):
+    """--extend: a point swept before the warpgroup shapes existed gets them timed, and its best
+    launch again beside them; the rest of its candidates stay as measured."""
+    import torch
+
+    from radiance.attn import split_kv_kernel
+
+    monkeypatch.setattr(split_kv_kernel, "warpgroup_refusal", lambda *a: None)
+    monkeypatch.setattr(tune, "time_graph", lambda fns: 5.0)
+
+    class FakeBench:
+        def point(self, ctx, seqs, width):
+            return [{"q": torch.zeros(1)}]
+
+        def radiance_kwargs(self, kw):
+            return kw
+
+    every = tune.candidate_launches(KLASS, 32768, 8, 9)
+    before = {tune._key(c): 10.0 + i for i, c in enumerate(every) if c.partial_pass == "triton"}
+    old_best = min(before, key=before.get)
+    p = {"ctx": 32768, "seqs": 8, "width": 9, "candidates": dict(before), "best": old_best, "best_us": 10.0}
+    n = tune.extend_point(p, None, KLASS, FakeBench(), {}, {})
+    wg = {tune._key(c) for c in every if c.partial_pass == "cuda_warpgroup"}
+    assert wg and set(p["extended"]) == wg | {old_best} and n == len(wg) + 1
+    assert p["candidates"][old_best] == 5.0 and p["best_us"] == 5.0
+    assert all(p["candidates"][key] == t for key, t in before.items() if key != old_best)
+
+
 def test_candidates_cover_each_shape_and_skip_empty_segments():
     cands = tune.candidate_launches(KLASS, 4096, 1, 9)
     keys = {tune._key(c) for c in cands}
     assert len(keys) == len(cands)
-    shapes = {(c.tile_size, c.num_warps, c.num_stages, c.kernel) for c in cands if c.block_m == 16 and c.num_segments > 1}
-    assert shapes == {(s["tile"], s["warps"], s["stages"], s.get("kernel", "vllm")) for s in tune.BASE_SHAPES.values()}
-    assert (32, 1, 2, "radiance") in shapes and (64, 4, 2, "vllm") in shapes
-    assert {(c.tile_size, c.num_warps, c.num_stages, c.kernel) for c in cands if c.block_m == 128} == {
-        (32, 8, None, "vllm"), (64, 8, 2, "vllm"), (64, 8, 2, "radiance"), (64, 8, 3, "radiance")}
+    shapes = {(c.tile_size, c.num_warps, c.num_stages, c.kernel, c.partial_pass)
+              for c in cands if c.block_m == 16 and c.num_segments > 1}
+    assert shapes == {(s["tile"], s["warps"], s["stages"], s.get("kernel", "vllm"), s.get("partial_pass", "triton"))
+                      for s in tune.BASE_SHAPES.values()}
+    assert (32, 1, 2, "radiance", "triton") in shapes and (64, 4, 2, "vllm", "triton") in shapes
+    assert {(c.tile_size, c.num_warps, c.num_stages, c.kernel, c.partial_pass) for c in cands if c.block_m == 128} == {
+        (32, 8, None, "vllm", "triton"), (64, 8, 2, "vllm", "triton"), (64, 8, 2, "radiance", "triton"),
+        (64, 8, 3, "radiance", "triton"), (64, 4, 2, "radiance", "cuda_warpgroup"), (64, 4, 3, "radiance", "cuda_warpgroup")}
+    # the warpgroup pass pads a block to a multiple of 8 rows, not to BLOCK_M: its BLOCK_Q is the
+    # width (72 rows), where the Triton pass's is BLOCK_M's (16 tokens, 128 rows)
+    assert {c.block_q for c in cands if c.block_m == 128} == {9, 16}
+    assert all(c.block_q == 9 for c in cands if c.partial_pass == "cuda_warpgroup" and c.block_m == 128)
     assert not any(c.kernel == "radiance" and c.num_segments == 1 for c in cands)  # split-KV only
     # 4096 tokens are 64 tiles of 64: no 128-segment split with that tile; 128 tiles of 32: up to 128
     assert all(c.num_segments <= 64 for c in cands if c.tile_size == 64)
@@ -119,9 +192,10 @@ def test_precompile_builds_only_the_launches_asked_for(monkeypatch):
     asked = [launch for (_, _, launches, _) in built.values() for launch in launches]
     assert sorted(map(str, asked)) == sorted(str({f: getattr(c, f) for f in tune._LAUNCH_FIELDS}) for c in chosen)
     built.clear()
-    tune.precompile("staged", work, 2)  # default: every candidate of each point
+    tune.precompile("staged", work, 2)  # default: every candidate of each point Triton builds
     assert sum(len(ls) for (_, _, ls, _) in built.values()) == len(
-        {tune._key(c) for _, c_, s, w in work for c in tune.candidate_launches(KLASS, c_, s, w)})
+        {tune._key(c) for _, c_, s, w in work for c in tune.candidate_launches(KLASS, c_, s, w)
+         if c.partial_pass == "triton"})
 
 
 def test_register_cap_and_table_ahead_go_from_a_shape_to_the_table_and_back(monkeypatch):

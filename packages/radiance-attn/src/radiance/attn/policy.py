@@ -205,6 +205,12 @@ class TritonLaunch:
     # radiance's kernel only: load the next KV tile's block-table entries one tile ahead
     # (split_kv_kernel.py explains both options).
     table_ahead: bool = False
+    # radiance's kernel only: which partial pass writes the segments' partials ("triton":
+    # split_kv_kernel._partial; "cuda_warpgroup": radiance-kernels' Hopper warpgroup-MMA pass,
+    # whose query block is BLOCK_Q x heads-per-KV-head rows padded to a multiple of 8, not
+    # BLOCK_M, and whose ring depth is num_stages; "cuda": its mma.sync pass, which the probes
+    # time and no table names). The same reduce follows each.
+    partial_pass: str = "triton"
 
     @property
     def is_3d(self) -> bool:
@@ -219,10 +225,20 @@ class TritonLaunch:
     def describe(self) -> str:
         warps = self.num_warps if self.num_warps is not None else "default"
         kind = f"split-KV {self.num_segments} segments" if self.is_3d else "unsplit 2D"
-        who = "radiance kernel, " if self.kernel == "radiance" else ""
+        who = ""
+        if self.kernel == "radiance":
+            who = "radiance kernel, " if self.partial_pass == "triton" else f"radiance kernel ({self.partial_pass}), "
         extra = (f" registers<={self.max_registers}" if self.max_registers is not None else "") + (
             " block-table one tile ahead" if self.table_ahead else "")
         return f"{who}{kind}, BLOCK_M={self.block_m} BLOCK_Q={self.block_q} TILE={self.tile_size} warps={warps}{extra}"
+
+
+def warpgroup_block_q(block_m: int, q_per_kv: int, max_seqlen_q: int) -> int:
+    """BLOCK_Q of a warpgroup partial pass launched for a ``block_m``-row block: no more query
+    tokens than the batch's longest sequence has. That pass pads a block's rows to a multiple of
+    8, not to BLOCK_M, so a width-6 step at 8 heads a KV head runs 48 rows, not 64; the q-block
+    count is the same either way."""
+    return max(1, min(block_m // q_per_kv, max(1, int(max_seqlen_q))))
 
 
 def stock_triton_tile(geo: Geometry, is_3d: bool) -> int:
@@ -286,14 +302,20 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
     if wide_cfg:  # a widened block's launch options are its own entry's, never the 3D keys
         warps, stages, kernel = wide_cfg.get("warps"), wide_cfg.get("stages"), wide_cfg.get("kernel", "vllm")
         registers, ahead = wide_cfg.get("registers"), wide_cfg.get("table_ahead", False)
+        partial_pass = wide_cfg.get("partial_pass", "triton")
     else:
         warps = rule.get("warps_3d") if seg > 1 else None
         stages = rule.get("stages_3d") if seg > 1 else None
         kernel = rule.get("kernel_3d", "vllm")
         registers = rule.get("registers_3d") if seg > 1 else None
         ahead = rule.get("table_ahead_3d", False)
+        partial_pass = rule.get("partial_pass_3d", "triton")
     if seg <= 1:
         kernel = "vllm"  # radiance's kernel is split-KV only; unsplit launches are vLLM's 2D kernel
+    if kernel != "radiance":
+        partial_pass = "triton"
+    elif partial_pass == "cuda_warpgroup":
+        block_q = warpgroup_block_q(bm, geo.q_per_kv, geo.max_seqlen_q)
     return TritonLaunch(
         num_segments=seg,
         block_m=bm,
@@ -303,7 +325,8 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
         num_stages=None if stages is None else int(stages),
         kernel=kernel,
         max_registers=None if registers is None else int(registers),
-        table_ahead=bool(ahead) and kernel == "radiance",
+        table_ahead=bool(ahead) and kernel == "radiance" and partial_pass == "triton",
+        partial_pass=partial_pass,
         reason=f"table {table.get('arch', geo.arch)}{' (provisional)' if table.get('provisional') else ''}",
         notes=tuple(notes),
     )

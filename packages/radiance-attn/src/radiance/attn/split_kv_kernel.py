@@ -241,6 +241,30 @@ def launch_refusal(launch, q_dtype: str, kv_dtype: str, q_per_kv: int) -> str | 
     return None
 
 
+def warpgroup_refusal(launch, head: int, q_dtype, kv_dtype, q_per_kv: int, device) -> str | None:
+    """Why radiance-kernels' warpgroup partial pass cannot run ``launch`` (torch dtypes, the GPU
+    ``device``), or None: the library and an sm_90 device, its 64-key tile, a query block of at
+    most its 72 rows, the shared memory it needs. A property of the geometry and the GPU: checked
+    once per decision (``launch_refusal`` first)."""
+    try:
+        from radiance.kernels import split_kv_attention as wg
+    except ImportError as exc:
+        return f"radiance-kernels is not importable ({exc})"
+    if launch.tile_size != wg.WARPGROUP_TILE:
+        return f"a {launch.tile_size}-key tile (the warpgroup pass takes {wg.WARPGROUP_TILE})"
+    rows = launch.block_q * q_per_kv
+    n_tiles = next((n for n in wg.WARPGROUP_COLUMNS if 8 * n >= rows), None)
+    if n_tiles is None:
+        return f"{rows} query rows a block (the warpgroup pass takes up to {8 * wg.WARPGROUP_COLUMNS[-1]})"
+    why = wg.warpgroup_unsupported_reason(device)
+    if why is not None:
+        return why
+    import torch
+
+    smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return wg.warpgroup_launch_refusal(head, kv_dtype, q_dtype, n_tiles, launch.num_stages or 2, smem)
+
+
 def call_refusal(q, k_cache, v_cache, out, k_scale, v_scale) -> str | None:
     """Why this kernel cannot take these tensors, or None: what a geometry does not say (the
     exact fp8 format, layouts, the scales). Checked per call, before any launch."""
@@ -261,9 +285,20 @@ def call_refusal(q, k_cache, v_cache, out, k_scale, v_scale) -> str | None:
     return None
 
 
+def warpgroup_call_refusal(q, k_cache, v_cache) -> str | None:
+    """Why the warpgroup partial pass cannot take these tensors, or None: it copies the query and
+    the KV 16 bytes a request, so their base addresses and token/head/block strides must be
+    16-byte aligned (vLLM's caches and query views are). Per call, after ``call_refusal``."""
+    for name, t, dims in (("q", q, 2), ("K cache", k_cache, 3), ("V cache", v_cache, 3)):
+        size = t.element_size()
+        if t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:dims]):
+            return f"{name} is not 16-byte aligned"
+    return None
+
+
 def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_seqlen_q: int,
            softmax_scale: float, k_scale, v_scale, launch_cfg, part_out, part_max, part_sum,
-           v_in_registers: bool | None = None, partial_pass: str = "triton"):
+           v_in_registers: bool | None = None, partial_pass: str | None = None):
     """Run one decode/verify batch; ``launch_refusal`` and ``call_refusal`` must have passed.
     Raises ValueError, before any launch, when the segment scratch is too small for the launch.
     Returns Triton's handle of the main kernel's build (``n_regs``, ``n_spills``,
@@ -273,7 +308,8 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     ``_e4m3_to_fp16_in_registers``); None: wherever that PTX runs (CUDA sm_89+, not Triton's
     interpreter).
 
-    ``partial_pass``: "triton" (``_partial`` above); "cuda": radiance-kernels'
+    ``partial_pass`` (None: the launch's own, ``launch_cfg.partial_pass``): "triton" (``_partial``
+    above); "cuda": radiance-kernels'
     ``split_kv_partial`` (the same algebra, mma.sync with the query rows padded to 16 instead of
     BLOCK_M, the KV tile's keys split over warps: ``num_warps`` is its key warps (None: tile / 32,
     at least 1), each taking ``tile_size / num_warps`` keys (16 or 32) of a tile, ``num_stages`` its
@@ -284,6 +320,7 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     """
     import torch
 
+    partial_pass = launch_cfg.partial_pass if partial_pass is None else partial_pass
     if partial_pass not in ("triton", "cuda", "cuda_warpgroup"):
         raise ValueError(f"partial_pass must be 'triton', 'cuda' or 'cuda_warpgroup', got {partial_pass!r}")
     if v_in_registers is None:

@@ -12,7 +12,7 @@ kernel); ``wide`` (``block_m`` choices, ``min_fill``, and per block a ``launch``
 optional stages, optional ``kernel`` and optional ``split_scale`` on the split coefficient); ``max_seqs`` and
 ``max_query_len`` bound the batches it serves. Any launch (the ``_3d`` keys or a widened block's
 entry) may also carry ``registers`` (a per-thread register cap, 24-255) and, on radiance's kernel,
-``table_ahead`` (``policy.TritonLaunch`` says what they do).
+``table_ahead`` and ``partial_pass`` (``policy.TritonLaunch`` says what they do).
 
 Sources, first match wins:
 1. ``RADIANCE_ATTN_TABLE=path.json`` -- serves the arch named in that file, nothing else.
@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 TABLE_DIR = Path(__file__).parent / "tables"
 KERNELS = ("vllm", "radiance")  # whose split-KV kernel a launch runs (policy.TritonLaunch.kernel)
+PARTIAL_PASSES = ("triton", "cuda_warpgroup")  # radiance's kernel's partial pass (TritonLaunch.partial_pass)
 ENV_TABLE = "RADIANCE_ATTN_TABLE"
 
 # Per-workgroup LDS/shared-memory bytes the LDS clamp budgets against.
@@ -91,6 +92,11 @@ def validate(table: Mapping[str, Any]) -> None:
                     raise ValueError(f"table {table['arch']}: registers {regs!r} is not a count in 24..255")
                 if launch.get("table_ahead") and kernel != "radiance":
                     raise ValueError(f"table {table['arch']}: table_ahead is an option of radiance's kernel only")
+                partial = launch.get("partial_pass", "triton")
+                if partial not in PARTIAL_PASSES:
+                    raise ValueError(f"table {table['arch']}: partial_pass {partial!r} is not one of {PARTIAL_PASSES}")
+                if partial != "triton" and kernel != "radiance":
+                    raise ValueError(f"table {table['arch']}: partial_pass is an option of radiance's kernel only")
 
 
 @functools.lru_cache(maxsize=None)

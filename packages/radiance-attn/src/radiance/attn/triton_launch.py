@@ -234,8 +234,10 @@ class RadianceUnifiedAttention:
             why = None
             if launch is not None and launch.kernel == "radiance":
                 why = split_kv_kernel.launch_refusal(launch, geo.q_dtype, geo.kv_dtype, geo.q_per_kv)
+                if why is None and launch.partial_pass == "cuda_warpgroup":
+                    launch = _warpgroup_or_triton_pass(launch, geo, q, k)
             if why is not None:  # the same launch shape on vLLM's kernel
-                launch = replace(launch, kernel="vllm", reason=f"{launch.reason}; vLLM's kernel: {why}")
+                launch = replace(on_vllms_kernel(launch, geo.q_per_kv), reason=f"{launch.reason}; vLLM's kernel: {why}")
             if len(self._launches) >= _MAX_CACHED_DECISIONS:
                 self._launches.clear()  # contexts grow every step: keep the map bounded
             self._launches[geo] = launch
@@ -263,8 +265,13 @@ class RadianceUnifiedAttention:
         if launch is not None and launch.kernel == "radiance":
             why = radiance_kernel_refusal(kwargs)
             if why is not None:  # same launch shape on vLLM's kernel, which takes every such call
-                launch = replace(launch, kernel="vllm")
+                launch = on_vllms_kernel(launch, geo.q_per_kv)
                 reason = f"{reason}; vLLM's kernel: {why}"
+            elif launch.partial_pass == "cuda_warpgroup":
+                why = split_kv_kernel.warpgroup_call_refusal(kwargs["q"], kwargs["k"], kwargs["v"])
+                if why is not None:
+                    launch = replace(launch, partial_pass="triton", block_q=max(1, launch.block_m // geo.q_per_kv))
+                    reason = f"{reason}; Triton partial pass: {why}"
         self.last_decision = (geo, launch, reason)
         self._log_first(kwargs, geo, launch, reason)
         if launch is None:
@@ -444,6 +451,23 @@ def radiance_kernel_refusal(kw: dict) -> str | None:
     if int(kw.get("kv_quant_mode", 0)) != (1 if fp8_kv else 0):
         return f"kv_quant_mode {int(kw.get('kv_quant_mode', 0))} with {kw['k'].dtype} KV"
     return split_kv_kernel.call_refusal(kw["q"], kw["k"], kw["v"], kw["out"], kw["k_descale"], kw["v_descale"])
+
+
+def _warpgroup_or_triton_pass(launch: policy.TritonLaunch, geo: policy.Geometry, q, k) -> policy.TritonLaunch:
+    """A table's warpgroup launch where that pass runs here, else the same launch on radiance's
+    Triton partial pass (BLOCK_Q back to BLOCK_M's), with the reason."""
+    why = split_kv_kernel.warpgroup_refusal(launch, geo.head_size, q.dtype, k.dtype, geo.q_per_kv, q.device)
+    if why is None:
+        return launch
+    return replace(launch, partial_pass="triton", block_q=max(1, launch.block_m // geo.q_per_kv),
+                   reason=f"{launch.reason}; Triton partial pass: {why}")
+
+
+def on_vllms_kernel(launch: policy.TritonLaunch, q_per_kv: int) -> policy.TritonLaunch:
+    """The same launch shape on vLLM's kernel, which takes every call radiance's may refuse (its
+    options of radiance's kernel dropped, BLOCK_Q back to BLOCK_M's)."""
+    return replace(launch, kernel="vllm", partial_pass="triton", table_ahead=False,
+                   block_q=max(1, launch.block_m // q_per_kv))
 
 
 def _usable_scratch(t, device) -> bool:

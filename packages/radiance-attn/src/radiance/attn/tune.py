@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from radiance.attn import kernel_source, policy, tables
+from radiance.attn import kernel_source, policy, split_kv_kernel, tables
 from radiance.attn.triton_launch import RadianceUnifiedAttention, build_errors, detect_arch
 
 COPY_BW = 4.25e12  # bytes/s, H200 copy rate measured here
@@ -56,6 +56,11 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # below ("rk_") are the ones that won there, with those its --around probe found faster than the
 # shipped launch (fewer warps on 32-key tiles at fp8 KV, 128-key tiles for 64-row blocks; stages
 # 3-6 won at a few single-sequence points only). The fit picks shape and kernel per class.
+# "wg_": radiance's kernel with radiance-kernels' warpgroup partial pass (sm_90; 64-key tiles, one
+# warpgroup a block, ``stages`` tiles in flight), which probe_split_kv_kernel.py --cuda --warpgroup
+# measured 0.75-0.94x the shipped time for head 256 on fp8 KV at widths 4-9 (H100,
+# split_kv_kernel.md section 10); a GPU without it refuses these shapes and the sweep leaves them out.
+WARPGROUP = {"tile": 64, "warps": 4, "kernel": "radiance", "partial_pass": "cuda_warpgroup"}
 BASE_SHAPES = {
     "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
     "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
@@ -66,22 +71,26 @@ BASE_SHAPES = {
     "rk_t32w1s2": {"tile": 32, "warps": 1, "stages": 2, "kernel": "radiance"},
     "rk_t32w2s2_ta": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "table_ahead": True},
     "rk_t64w4s3_ta": {"tile": 64, "warps": 4, "stages": 3, "kernel": "radiance", "table_ahead": True},
+    "wg_s2": {**WARPGROUP, "stages": 2},
 }
 WIDE_SHAPES = {
     32: {"t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"},
          "rk_t64w4s2_ta": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
-         "rk_t32w2s2_r128": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "registers": 128}},
+         "rk_t32w2s2_r128": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "registers": 128},
+         "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
     64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"},
-         "rk_t128w4s2_ta": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True}},
+         "rk_t128w4s2_ta": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
+         "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
     128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
           "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
           "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"},
-          "rk_t64w8s3_ta": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance", "table_ahead": True}},
+          "rk_t64w8s3_ta": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance", "table_ahead": True},
+          "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
 }
 
 
@@ -136,22 +145,26 @@ def candidate_launches(k: Klass, ctx: int, seqs: int, width: int) -> list[policy
     for shape in BASE_SHAPES.values():
         for seg in _segments(shape):
             if seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
-                out.append(shape_launch(shape, seg, base, qpkv))
+                out.append(shape_launch(shape, seg, base, qpkv, width))
     if wide is not None:
         for shape in WIDE_SHAPES[wide].values():
             segs = _segments(shape) if shape.get("kernel") == "radiance" else SEGMENTS
             for seg in segs:
                 if seg == 1 or seg <= policy.next_pow2(policy.cdiv(ctx, shape["tile"])):
-                    out.append(shape_launch(shape, seg, wide, qpkv))
+                    out.append(shape_launch(shape, seg, wide, qpkv, width))
     return out
 
 
-def shape_launch(shape: dict, seg: int, block_m: int, qpkv: int) -> policy.TritonLaunch:
+def shape_launch(shape: dict, seg: int, block_m: int, qpkv: int, width: int) -> policy.TritonLaunch:
     """A launch shape of BASE_SHAPES / WIDE_SHAPES (the keys of a table's launch entry) at a
-    split count and block."""
-    return policy.TritonLaunch(seg, block_m, max(1, block_m // qpkv), shape["tile"], shape["warps"],
+    split count and block, for verify steps of ``width`` tokens (the policy's launch for it)."""
+    partial = shape.get("partial_pass", "triton")
+    block_q = (policy.warpgroup_block_q(block_m, qpkv, width) if partial == "cuda_warpgroup"
+               else max(1, block_m // qpkv))
+    return policy.TritonLaunch(seg, block_m, block_q, shape["tile"], shape["warps"],
                                shape.get("stages"), "candidate", kernel=shape.get("kernel", "vllm"),
-                               max_registers=shape.get("registers"), table_ahead=shape.get("table_ahead", False))
+                               max_registers=shape.get("registers"), table_ahead=shape.get("table_ahead", False),
+                               partial_pass=partial)
 
 
 class Bench:
@@ -254,13 +267,60 @@ def time_graph(fns, reps: int = 10) -> float:
 
 
 _LAUNCH_FIELDS = ("num_segments", "block_m", "block_q", "tile_size", "num_warps", "num_stages", "kernel",
-                  "max_registers", "table_ahead")
+                  "max_registers", "table_ahead", "partial_pass")
 
 
 def time_stock(module, b: "Bench", sets: list[dict]) -> float:
     """Stock at one point: vLLM's wrapper with its backend's segments and 3D threshold."""
     stock_sets = [b.stock_kwargs(kw, module.RADIANCE_MANIFEST) for kw in sets]
     return time_graph([lambda kw=kw: module.unified_attention(**kw) for kw in stock_sets])
+
+
+def time_candidates(runner: RadianceUnifiedAttention, k: Klass, b: "Bench", sets: list[dict], launches,
+                    unbuilt: dict, refused: dict) -> dict[str, float]:
+    """``{_key(launch): µs}`` of each launch at one point, launched directly (no policy). A launch
+    whose build fails on this GPU is recorded in ``unbuilt`` (its whole build group is left out
+    from then on), one a partial pass has no instance of here in ``refused``."""
+    cands = {}
+    rs = [b.radiance_kwargs(kw) for kw in sets]
+    for c in launches:
+        build = (k.name, _build_group(c))
+        if build in unbuilt:
+            continue
+        why = _pass_refusal(c, k, rs[0]["q"].device)
+        if why is not None:
+            refused[(k.name, _key(dataclasses.replace(c, num_segments=0)))] = why
+            continue
+        try:  # the eager warm-up call builds the kernel, before any graph capture
+            cands[_key(c)] = time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
+        except build_errors() as exc:
+            unbuilt[build] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    return cands
+
+
+def extend_point(p: dict, runner: RadianceUnifiedAttention, k: Klass, b: "Bench", unbuilt: dict,
+                 refused: dict) -> int:
+    """Time the candidates a merged point lacks (a launch shape added since it was swept) and its
+    best one again, so the choice between the two rests on times of one run; updates the point's
+    candidates and best, records what was timed in ``p["extended"]``; returns how many."""
+    launches = [c for c in candidate_launches(k, p["ctx"], p["seqs"], p["width"])
+                if _key(c) not in p["candidates"] or _key(c) == p["best"]]
+    new = time_candidates(runner, k, b, b.point(p["ctx"], p["seqs"], p["width"]), launches, unbuilt, refused)
+    p["candidates"] = {**p["candidates"], **new}
+    p["best"] = min(p["candidates"], key=p["candidates"].get)
+    p["best_us"] = p["candidates"][p["best"]]
+    p["extended"] = sorted(new)
+    return len(new)
+
+
+def _pass_refusal(c: policy.TritonLaunch, k: Klass, device) -> str | None:
+    """Why the warpgroup partial pass has no instance of ``c`` on ``device`` (the sweep's queries
+    are bf16), or None; the other passes build through Triton, whose failures time_candidates catches."""
+    if c.partial_pass != "cuda_warpgroup":
+        return None
+    torch = _torch()
+    return split_kv_kernel.warpgroup_refusal(c, k.head_size, torch.bfloat16, _kv_torch_dtype(k.kv_dtype),
+                                             k.num_query_heads // k.num_kv_heads, device)
 
 
 def time_wrapper(wrapper: RadianceUnifiedAttention, b: "Bench", sets: list[dict]):
@@ -364,6 +424,8 @@ def precompile(src: str, work: list, jobs: int, launches=None) -> float:
     tasks = {}
     for k, ctx, seqs, width in work:
         for c in (launches or candidate_launches)(k, ctx, seqs, width):
+            if c.partial_pass == "cuda_warpgroup":
+                continue  # radiance-kernels' library, built once; its reduce is the Triton pass's
             group = _build_group(c)
             task = tasks.setdefault((k.name, group), (src, asdict(k), {}, width))
             task[2][_key(c)] = {f: getattr(c, f) for f in _LAUNCH_FIELDS}
@@ -403,7 +465,7 @@ def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", w
     rule = {"max_query_len": max_q, "max_seqs": max_seqs,
             "split": {"coef": coef, "exp": exp, "min": lo, "max": max(_segments(shape)), "unsplit_below": unsplit},
             "wide": {"block_m": sorted(WIDE_SHAPES), "min_fill": fill, "launch": launch}}
-    for key in ("tile", "warps", "stages", "kernel", "registers", "table_ahead"):
+    for key in ("tile", "warps", "stages", "kernel", "registers", "table_ahead", "partial_pass"):
         if key in shape:
             rule[f"{key}_3d"] = shape[key]
     return rule
@@ -478,6 +540,7 @@ def _key(launch: policy.TritonLaunch | None) -> str:
     key = f"s{launch.num_segments}_m{launch.block_m}_t{launch.tile_size}_w{launch.num_warps}_st{launch.num_stages}"
     key += f"_r{launch.max_registers}" if launch.max_registers is not None else ""
     key += "_ta" if launch.table_ahead else ""
+    key += "_wg" if launch.partial_pass == "cuda_warpgroup" else ""
     return key + "_rk" if launch.kernel == "radiance" else key
 
 
@@ -498,11 +561,19 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", action="append", default=[], metavar="JSON",
                     help="bench_unified_attention.json of an earlier run on this GPU: its classes' swept "
                          "candidates join the fit and the final comparison instead of being swept again")
+    ap.add_argument("--extend", default="", metavar="CLASSES",
+                    help="comma list of --merge'd classes whose points get the candidates they lack timed "
+                         "(a new launch shape), keeping the ones measured before")
     ap.add_argument("--fit-only", action="store_true",
                     help="sweep nothing: fit the --merge'd points and time the fitted table against stock")
     args = ap.parse_args(argv)
     if args.fit_only and not args.merge:
         ap.error("--fit-only needs --merge")
+    extend = set(filter(None, args.extend.split(",")))
+    if extend and not args.merge:
+        ap.error("--extend needs --merge")
+    if extend - {c.name for c in CLASSES}:
+        ap.error(f"unknown classes {sorted(extend - {c.name for c in CLASSES})}")
     torch = _torch()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -526,8 +597,8 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"unknown classes {sorted(unknown)}")
         classes = [c for c in classes if c.name in wanted]
-    if args.fit_only:
-        classes = []
+    if args.fit_only or (extend and not args.classes):
+        classes = []  # nothing swept anew: --extend alone only adds candidates to merged points
     merged = []
     for path in args.merge:
         earlier = json.loads(Path(path).read_text())
@@ -553,6 +624,8 @@ def main(argv=None) -> int:
 
     points, skipped = [], 0
     unbuilt: dict[tuple, str] = {}  # (class, build) that does not build on this GPU: left out
+    refused: dict[tuple, str] = {}  # (class, launch) a partial pass has no instance of here: left out
+    runner = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table={})
     by_class = {}
     for k, ctx, seqs, width in work:
         if time.time() - t_start > args.budget_s:
@@ -566,17 +639,7 @@ def main(argv=None) -> int:
         b = by_class[k.name]
         sets = b.point(ctx, seqs, width)
         stock_us = time_stock(module, b, sets)
-        runner = RadianceUnifiedAttention(module, arch=arch, num_sms=props.multi_processor_count, table={})
-        cands = {}
-        for c in candidate_launches(k, ctx, seqs, width):
-            build = (k.name, _build_group(c))
-            if build in unbuilt:
-                continue
-            rs = [b.radiance_kwargs(kw) for kw in sets]
-            try:  # the eager warm-up call builds the kernel, before any graph capture
-                cands[_key(c)] = time_graph([lambda kw=kw, c=c: runner.launch(kw, c) for kw in rs])
-            except build_errors() as exc:
-                unbuilt[build] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+        cands = time_candidates(runner, k, b, sets, candidate_launches(k, ctx, seqs, width), unbuilt, refused)
         best_key = min(cands, key=cands.get)
         points.append({"class": k.name, "head_size": k.head_size, "num_query_heads": k.num_query_heads,
                        "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype, "ctx": ctx, "seqs": seqs,
@@ -584,11 +647,29 @@ def main(argv=None) -> int:
                        "best": best_key, "best_us": cands[best_key], "floor_us": b.floor_us(ctx, seqs)})
         print(f"  {k.name:14s} ctx={ctx:6d} seqs={seqs} w={width}: stock {stock_us:8.1f} us, "
               f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
+    added = 0
+    for p in (p for p in merged if p["class"] in extend):
+        if time.time() - t_start > args.budget_s:
+            skipped += 1
+            continue
+        k = next(c for c in CLASSES if c.name == p["class"])
+        if k.name not in by_class:
+            by_class.clear()
+            torch.cuda.empty_cache()
+            by_class[k.name] = Bench(module, k, max(grid["ctx"]) * max(grid["seqs"]), device)
+        added += extend_point(p, runner, k, by_class[k.name], unbuilt, refused)
+        print(f"  {k.name:14s} ctx={p['ctx']:6d} seqs={p['seqs']} w={p['width']}: {len(p['extended'])} candidates "
+              f"timed, best {p['best_us']:8.1f} us ({p['best']})", flush=True)
+    if extend:
+        meta["extended"] = {"classes": sorted(extend), "candidates_timed": added}
     if skipped:
         print(f"budget {args.budget_s:.0f}s reached: {skipped} points not measured")
     for (name, key), why in sorted(unbuilt.items()):
         print(f"not built here, left out: {name} {key} ({why})")
+    for (name, key), why in sorted(refused.items()):
+        print(f"no instance here, left out: {name} {key} ({why})")
     meta["unbuilt"] = {f"{name} {key}": why for (name, key), why in sorted(unbuilt.items())}
+    meta["refused"] = {f"{name} {key}": why for (name, key), why in sorted(refused.items())}
     points += merged
     classes = classes_all
 
@@ -608,7 +689,7 @@ def main(argv=None) -> int:
     tdir.mkdir(exist_ok=True)
     table_path = tdir / tables.table_file(arch).name
     table_path.write_text(json.dumps(table, indent=1) + "\n")
-    if args.fit_only:  # nothing swept, so nothing built yet: build what the fitted table launches
+    if not work:  # nothing swept, so nothing built yet: build what the fitted table launches
         by_name = {c.name: c for c in CLASSES}
         chosen = [(by_name[p["class"]], p["ctx"], p["seqs"], p["width"]) for p in points]
         pre = precompile(str(args.kernel_src), chosen, args.jobs, launches=lambda k, ctx, seqs, width: [
