@@ -180,8 +180,11 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
           uint32_t b[4];
           ldmatrix_x4(b, k_base + swizzled(key0 + 8 * j + (lane & 7), 4 * u + (lane >> 3), RB));
 #pragma unroll
-          for (int st = 0; st < 4; ++st)
-            mma16816<false>(s[j], a[st], e4m3x2_to_f16x2(b[st] & 0xFFFF), e4m3x2_to_f16x2(b[st] >> 16));
+          for (int st = 0; st < 4; ++st) {
+            uint32_t b0, b1;
+            e4m3x4_to_f16x2(b[st], b0, b1);
+            mma16816<false>(s[j], a[st], b0, b1);
+          }
         }
       }
     } else {
@@ -258,8 +261,11 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
           for (int h = 0; h < 2; ++h) {
             const uint32_t lo_keys = __byte_perm(b[2 * h], 0, 0x3120);      // keys 2tq, 2tq+1
             const uint32_t hi_keys = __byte_perm(b[2 * h + 1], 0, 0x3120);  // keys 2tq+8, 2tq+9
-            mma16816<false>(acc[2 * (c + h)], a, e4m3x2_to_f16x2(lo_keys & 0xFFFF), e4m3x2_to_f16x2(hi_keys & 0xFFFF));
-            mma16816<false>(acc[2 * (c + h) + 1], a, e4m3x2_to_f16x2(lo_keys >> 16), e4m3x2_to_f16x2(hi_keys >> 16));
+            uint32_t lo0, lo1, hi0, hi1;
+            e4m3x4_to_f16x2(lo_keys, lo0, lo1);
+            e4m3x4_to_f16x2(hi_keys, hi0, hi1);
+            mma16816<false>(acc[2 * (c + h)], a, lo0, hi0);
+            mma16816<false>(acc[2 * (c + h) + 1], a, lo1, hi1);
           }
         }
       } else {

@@ -100,13 +100,16 @@ RAD_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
-// Two e4m3 values (low byte first) -> two fp16 values (low half first), exactly.
-RAD_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-  uint32_t out = 0;
+// Four e4m3 values (low byte first) -> two pairs of fp16 values, exactly: `lo` from bytes 0-1, `hi`
+// from bytes 2-3 (low half first). Taking the two 16-bit halves of one register lets the
+// conversion read each half in place (F2FP ... R.H1), with no mask or shift to isolate it.
+RAD_DEVICE void e4m3x4_to_f16x2(uint32_t four, uint32_t& lo, uint32_t& hi) {
+  lo = hi = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(out) : "r"(pair));
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+      : "=r"(lo), "=r"(hi)
+      : "r"(four));
 #endif
-  return out;
 }
 
 RAD_DEVICE float fast_exp2(float x) {
@@ -212,7 +215,15 @@ struct SplitKvBlock {
 // contiguous bytes; keys past the sequence are zero-filled (a masked key's V row is 0, never stale
 // bytes). Thread i < tile reads row i's block-table entry for tile t into
 // entries[(t - lo) % stages] one tile before t's copies read it from there.
-template <int HEAD, int RB>
+//
+// The copies are issued by the threads that also run the tile's math, so their address
+// arithmetic is on the critical path (the warpgroup pass spent ~40% of its instructions a tile
+// here: a division a key row, a runtime-bounded row loop, three ring-slot divisions). THREADS and
+// TILE, where the kernel fixes them (0: read from the launch), make the row loop a fixed unrolled
+// count; the ring slot is a multiply by ceil(2^32 / stages) (exact for t - lo < 2^30, stages
+// 2-5); a power-of-two block size (vLLM's are) takes a shift and a mask for the key's block and
+// slot, any other size the division.
+template <int HEAD, int RB, int THREADS = 0, int TILE = 0>
 struct KvRing {
   static constexpr int RC = RB / 16;           // 16-byte chunks a key row
   static constexpr int TPR = RC < 8 ? RC : 8;  // copying threads a key row
@@ -221,36 +232,71 @@ struct KvRing {
   uint8_t* ring;
   int* entries;
   int tile, stages, lo, hi, seq_len, kv_head;
+  uint32_t stage_magic;  // ceil(2^32 / stages)
+  int bs_shift;          // log2(block_size) for a power of two, else -1
 
   RAD_DEVICE KvRing(const SplitKvArgs& args, const SplitKvBlock& b, uint8_t* ring_, int* entries_, int tile_)
       : p(args), table(args.block_table + (int64_t)b.seq * args.bt_stride), ring(ring_), entries(entries_),
-        tile(tile_), stages(args.stages), lo(b.lo), hi(b.hi), seq_len(b.seq_len), kv_head(b.kv_head) {}
+        tile(TILE ? TILE : tile_), stages(args.stages), lo(b.lo), hi(b.hi), seq_len(b.seq_len), kv_head(b.kv_head),
+        stage_magic(0xFFFFFFFFu / (uint32_t)args.stages + 1u),
+        bs_shift(log2_of_power_of_two(args.block_size)) {}
 
+  static RAD_DEVICE int log2_of_power_of_two(int x) {  // -1 for any other x
+    if (x & (x - 1)) return -1;
+    int s = 0;
+    while ((x >> s) > 1) ++s;
+    return s;
+  }
+
+  RAD_DEVICE int slot_of(int t) const {  // (t - lo) % stages
+    const uint32_t x = (uint32_t)(t - lo);
+    return (int)(x - __umulhi(x, stage_magic) * (uint32_t)stages);
+  }
   RAD_DEVICE int entry(int t) const {
     const int key = t * tile + (int)threadIdx.x;
-    return ((int)threadIdx.x < tile && t < hi && key < seq_len) ? table[key / p.block_size] : 0;
+    if ((int)threadIdx.x >= tile || t >= hi || key >= seq_len) return 0;
+    return table[bs_shift >= 0 ? key >> bs_shift : key / p.block_size];
   }
   RAD_DEVICE void keep(int t, int e) const {
-    if ((int)threadIdx.x < tile) entries[((t - lo) % stages) * tile + threadIdx.x] = e;
+    if ((int)threadIdx.x < tile) entries[slot_of(t) * tile + threadIdx.x] = e;
   }
   // Tile t's K rows; its V rows follow at + tile * RB.
-  RAD_DEVICE uint8_t* stage(int t) const { return ring + ((t - lo) % stages) * 2 * tile * RB; }
+  RAD_DEVICE uint8_t* stage(int t) const { return ring + slot_of(t) * 2 * tile * RB; }
   RAD_DEVICE void issue(int t) const {
-    const uint32_t kbase = shared_address(stage(t)), vbase = kbase + tile * RB;
-    const int* ent = entries + ((t - lo) % stages) * tile;
-    const int rows_a_pass = (int)blockDim.x / TPR, copy_sub = (int)threadIdx.x % TPR;
-    for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass) {
-      const int key = t * tile + row;
-      const bool valid = key < seq_len;
-      const int slot = valid ? key % p.block_size : 0;
-      const int64_t e = ent[row];
-      const uint8_t* ksrc = p.k + (e * p.k_sb + (int64_t)slot * p.k_ss + (int64_t)kv_head * p.k_sh) * (RB / HEAD);
-      const uint8_t* vsrc = p.v + (e * p.v_sb + (int64_t)slot * p.v_ss + (int64_t)kv_head * p.v_sh) * (RB / HEAD);
+    const int slot = slot_of(t);
+    const uint32_t kbase = shared_address(ring + slot * 2 * tile * RB), vbase = kbase + tile * RB;
+    const int* ent = entries + slot * tile;
+    const int copy_sub = (int)threadIdx.x % TPR;
+    const int rows_a_pass = THREADS ? THREADS / TPR : (int)blockDim.x / TPR;
+    const uint8_t* const k_head = p.k + p.k_sh * kv_head * (RB / HEAD);
+    const uint8_t* const v_head = p.v + p.v_sh * kv_head * (RB / HEAD);
+    const int block_mask = p.block_size - 1;
+    if constexpr (THREADS > 0 && TILE > 0) {
+      static_assert(TILE % (THREADS / TPR) == 0, "the copying threads cover a tile in whole passes");
 #pragma unroll
-      for (int c = copy_sub; c < RC; c += TPR) {
-        copy16(kbase + swizzled(row, c, RB), valid ? ksrc + 16 * c : p.k, valid);
-        copy16(vbase + swizzled(row, c, RB), valid ? vsrc + 16 * c : p.v, valid);
-      }
+      for (int pass = 0; pass < TILE / (THREADS / TPR); ++pass)
+        issue_row(t, (int)threadIdx.x / TPR + pass * (THREADS / TPR), copy_sub, kbase, vbase, ent, k_head, v_head,
+                  block_mask);
+    } else {
+      for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass)
+        issue_row(t, row, copy_sub, kbase, vbase, ent, k_head, v_head, block_mask);
+    }
+  }
+  RAD_DEVICE void issue_row(int t, int row, int copy_sub, uint32_t kbase, uint32_t vbase, const int* ent,
+                            const uint8_t* k_head, const uint8_t* v_head, int block_mask) const {
+    const int key = t * tile + row;
+    const bool valid = key < seq_len;
+    // A key past the sequence has entry 0 (entry()) and slot 0: its source address is block 0's
+    // first row, inside the cache, and the copy reads none of it (zero-fill).
+    const uint32_t slot = !valid ? 0u : bs_shift >= 0 ? (uint32_t)(key & block_mask) : (uint32_t)(key % p.block_size);
+    const uint64_t e = (uint32_t)ent[row];  // block numbers are non-negative
+    const uint8_t* ksrc = k_head + (e * p.k_sb + slot * p.k_ss) * (RB / HEAD);
+    const uint8_t* vsrc = v_head + (e * p.v_sb + slot * p.v_ss) * (RB / HEAD);
+#pragma unroll
+    for (int c = 0; c < RC / TPR; ++c) {
+      const int chunk = copy_sub + c * TPR;
+      copy16(kbase + swizzled(row, chunk, RB), ksrc + 16 * chunk, valid);
+      copy16(vbase + swizzled(row, chunk, RB), vsrc + 16 * chunk, valid);
     }
   }
   // The first `stages` tiles' entries (their loads in flight together), then stages - 1 tiles'

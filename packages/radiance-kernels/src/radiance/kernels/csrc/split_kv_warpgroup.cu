@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   const int q_start = blk.q_start, context = blk.context, lo = blk.lo, hi = blk.hi;
   const int rows = blk.rows;  // real columns; the rest pad
 
-  const KvRing<HEAD, RB> kv(p, blk, ring, entries, tile);
+  const KvRing<HEAD, RB, kWgThreads, kWgTile> kv(p, blk, ring, entries, tile);
   int next_tile = kv.start();
 
   // ---- query rows as the first product's B operand (16 elements a thread), their multipliers ----
@@ -222,10 +222,8 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
           ldmatrix_x4(r, k_s + swizzled(16 * warp + (lane & 15), 4 * grp + c + (lane >> 4), RB));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            a[c + h][0] = e4m3x2_to_f16x2(r[2 * h] & 0xFFFF);
-            a[c + h][1] = e4m3x2_to_f16x2(r[2 * h + 1] & 0xFFFF);
-            a[c + h][2] = e4m3x2_to_f16x2(r[2 * h] >> 16);
-            a[c + h][3] = e4m3x2_to_f16x2(r[2 * h + 1] >> 16);
+            e4m3x4_to_f16x2(r[2 * h], a[c + h][0], a[c + h][2]);
+            e4m3x4_to_f16x2(r[2 * h + 1], a[c + h][1], a[c + h][3]);
           }
         }
       } else {
@@ -365,10 +363,8 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
             // rows g and g + 8 are this 16-element chunk's elements 2g and 2g + 1
             const uint32_t lo_keys = __byte_perm(r[2 * h], 0, 0x3120);
             const uint32_t hi_keys = __byte_perm(r[2 * h + 1], 0, 0x3120);
-            a[2 * kp + h][0] = e4m3x2_to_f16x2(lo_keys & 0xFFFF);
-            a[2 * kp + h][1] = e4m3x2_to_f16x2(lo_keys >> 16);
-            a[2 * kp + h][2] = e4m3x2_to_f16x2(hi_keys & 0xFFFF);
-            a[2 * kp + h][3] = e4m3x2_to_f16x2(hi_keys >> 16);
+            e4m3x4_to_f16x2(lo_keys, a[2 * kp + h][0], a[2 * kp + h][1]);
+            e4m3x4_to_f16x2(hi_keys, a[2 * kp + h][2], a[2 * kp + h][3]);
           }
         }
       } else {

@@ -1,0 +1,163 @@
+"""Two builds of radiance-kernels' split-KV partial passes timed against each other in one run.
+
+A change to the CUDA partial passes is judged against the build before it on the same machine in
+the same run. ``time`` measures whichever ``radiance.kernels`` is importable (this checkout, or
+another source tree put first on PYTHONPATH) and appends one JSON line a point; alternating the
+two builds and then ``compare`` gives, per point, the new build's time over the base build's
+(the faster of each side's repetitions):
+
+    for i in 1 2; do
+      PYTHONPATH=BASE/packages/radiance-kernels/src:$PYTHONPATH python benchmarks/ab_split_kv.py time \\
+          --label base --out ab.jsonl --kernel-src STAGED_DIR
+      python benchmarks/ab_split_kv.py time --label new --out ab.jsonl --kernel-src STAGED_DIR
+    done
+    python benchmarks/ab_split_kv.py compare ab.jsonl --base base --new new --md ab.md
+
+Points: every row of ``results/split_kv_warpgroup_probe.json`` (the warpgroup pass) and
+``results/split_kv_cuda_probe.json`` (the mma.sync pass), each with the launch that won there,
+timed as the probes time them (medians of CUDA-graph replays, KV rotated past L2). What the
+sm_90 table ships (radiance's Triton pass, the same code in both builds) is timed beside them in
+every process: its new/base ratio is the run's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+try:
+    from radiance.attn import tune
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from radiance.attn import tune
+from radiance.attn import policy, split_kv_kernel
+from radiance.attn.triton_launch import RadianceUnifiedAttention
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROBES = {"warpgroup": "split_kv_warpgroup_probe.json", "mma_sync": "split_kv_cuda_probe.json"}
+
+
+def launch_of(name: str, width: int, group: int) -> policy.TritonLaunch:
+    """The probes' launch names: wg_n{rows}_st{stages}_s{segments} (the warpgroup pass) and
+    cuda_t{tile}_w{key warps}_st{stages}_s{segments} (the mma.sync pass, rows in tiles of 16)."""
+    m = re.fullmatch(r"wg_n(\d+)_st(\d+)_s(\d+)", name)
+    if m:
+        rows, st, seg = map(int, m.groups())
+        return policy.TritonLaunch(seg, rows, width, 64, 4, st, "ab", kernel="radiance", partial_pass="cuda_warpgroup")
+    tile, warps, st, seg = map(int, re.fullmatch(r"cuda_t(\d+)_w(\d+)_st(\d+)_s(\d+)", name).groups())
+    return policy.TritonLaunch(seg, 16 * -(-width * group // 16), width, tile, warps, st, "ab", kernel="radiance",
+                               partial_pass="cuda")
+
+
+def time_points(label: str, out: Path, kernel_src: str, reps: int) -> int:
+    import torch
+
+    from radiance.kernels import library
+
+    module, dev, arch, sms = tune.probe_device(kernel_src)
+    lib = library.get(dev.index or 0)
+    if lib is None:
+        print(f"ab_split_kv: kernel library unavailable: {library.why_not(dev.index or 0)}")
+        return 1
+    shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
+    rows = [(form, r) for form, name in PROBES.items() for r in json.loads((RESULTS / name).read_text())["results"]]
+    by_class = defaultdict(list)
+    for form, r in rows:
+        by_class[r["class"]].append((form, r))
+    with out.open("a") as f:
+        for k in tune.CLASSES:
+            if k.name not in by_class:
+                continue
+            torch.cuda.empty_cache()
+            b = tune.Bench(module, k, max(r["ctx"] * r["seqs"] for _, r in by_class[k.name]), dev)
+            for form, r in by_class[k.name]:
+                sets = b.point(r["ctx"], r["seqs"], r["width"])
+                rs = [b.radiance_kwargs(kw) for kw in sets]
+                c = launch_of(r["best"], r["width"], k.num_query_heads // k.num_kv_heads)
+                run = lambda kw, c=c: split_kv_kernel.launch(
+                    kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"], kw["block_table"],
+                    kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"], kw["v_descale"], c, b.segm_out,
+                    b.segm_max, b.segm_sum)
+                us = min(tune.time_graph([lambda kw=kw: run(kw) for kw in rs]) for _ in range(reps))
+                ship = min(tune.time_wrapper(shipped, b, sets)[0] for _ in range(reps))
+                f.write(json.dumps({"label": label, "library": Path(lib.path).parent.name, "form": form,
+                                    "class": k.name, "ctx": r["ctx"], "seqs": r["seqs"], "width": r["width"],
+                                    "launch": r["best"], "us": us, "shipped_us": ship,
+                                    "gpu": torch.cuda.get_device_name(dev)}) + "\n")
+                print(f"{label}: {form:9s} {k.name:14s} {r['ctx']:6d} x {r['seqs']} w{r['width']} {r['best']:22s} "
+                      f"{us:8.1f} us (shipped {ship:8.1f})", flush=True)
+            del b
+    return 0
+
+
+def compare(path: Path, base: str, new: str, md: Path | None) -> int:
+    best = defaultdict(dict)
+    gpu = None
+    libs = defaultdict(set)
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        key = (r["form"], r["class"], r["ctx"], r["seqs"], r["width"], r["launch"])
+        for what in ("us", "shipped_us"):
+            best[key][(r["label"], what)] = min(best[key].get((r["label"], what), float("inf")), r[what])
+        libs[r["label"]].add(r["library"])
+        gpu = r.get("gpu", gpu)
+    lines = [f"# Split-KV partial passes: {new} build against {base} build, timed in one run ({gpu})", "",
+             f"Libraries: {base} {sorted(libs[base])}, {new} {sorted(libs[new])}. Each point's launch is the one "
+             "its probe chose; the faster of each build's repetitions (medians of CUDA-graph replays, KV rotated "
+             "past L2). shipped: the sm_90 table's launch (radiance's Triton pass, the same in both builds).", "",
+             f"| pass | class | ctx | seqs | width | launch | {base} µs | {new} µs | {new}/{base} | shipped {new}/{base} |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    ratios = defaultdict(list)
+    noise = []
+    for key in sorted(best):
+        v = best[key]
+        if (base, "us") not in v or (new, "us") not in v:
+            continue
+        ratio = v[(new, "us")] / v[(base, "us")]
+        ship = v[(new, "shipped_us")] / v[(base, "shipped_us")]
+        ratios[(key[0], key[1], key[4])].append(ratio)
+        noise.append(ship)
+        form, cls, ctx, seqs, width, launch = key
+        lines.append(f"| {form} | {cls} | {ctx} | {seqs} | {width} | {launch} | {v[(base, 'us')]:.1f} | "
+                     f"{v[(new, 'us')]:.1f} | {ratio:.3f} | {ship:.3f} |")
+    lines += ["", f"## Geometric means of {new}/{base} per pass, class and width", "",
+              "| pass | class | width | points | geo. mean | range |", "|---|---|---|---|---|---|"]
+    for (form, cls, width), rs in sorted(ratios.items()):
+        gm = statistics.geometric_mean(rs)
+        lines.append(f"| {form} | {cls} | {width} | {len(rs)} | {gm:.3f} | {min(rs):.3f}-{max(rs):.3f} |")
+    if noise:
+        lines += ["", f"Shipped launch {new}/{base} (noise): geometric mean {statistics.geometric_mean(noise):.3f}, "
+                      f"range {min(noise):.3f}-{max(noise):.3f} over {len(noise)} points."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if md is not None:
+        md.write_text(text)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("time")
+    t.add_argument("--label", required=True)
+    t.add_argument("--out", required=True, type=Path)
+    t.add_argument("--kernel-src", required=True)
+    t.add_argument("--reps", type=int, default=2)
+    c = sub.add_parser("compare")
+    c.add_argument("jsonl", type=Path)
+    c.add_argument("--base", default="base")
+    c.add_argument("--new", default="new")
+    c.add_argument("--md", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "time":
+        return time_points(args.label, args.out, args.kernel_src, args.reps)
+    return compare(args.jsonl, args.base, args.new, args.md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
