@@ -73,7 +73,8 @@ def test_fit_picks_the_warpgroup_pass_where_it_is_fastest():
     points = _points(truth)
     rule, score = tune.fit(points, "sm_90", 8, 9)
     assert score["unmeasured_choices"] == 0 and score["mean_regret_pct"] < 1.0, score
-    assert rule["wide"]["launch"]["128"] == {**tune.WARPGROUP, "stages": 2, "split_scale": 0.5}
+    # 8 warps: the Triton pass's, should the warpgroup pass not run where the table is used
+    assert rule["wide"]["launch"]["128"] == {**tune.WARPGROUP, "warps": 8, "stages": 2, "split_scale": 0.5}
     assert rule["wide"]["launch"]["32"] == {**tune.WARPGROUP, "stages": 3}
     table = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
     tables.validate(table)
@@ -144,7 +145,7 @@ def test_candidates_cover_each_shape_and_skip_empty_segments():
     assert (32, 1, 2, "radiance", "triton") in shapes and (64, 4, 2, "vllm", "triton") in shapes
     assert {(c.tile_size, c.num_warps, c.num_stages, c.kernel, c.partial_pass) for c in cands if c.block_m == 128} == {
         (32, 8, None, "vllm", "triton"), (64, 8, 2, "vllm", "triton"), (64, 8, 2, "radiance", "triton"),
-        (64, 8, 3, "radiance", "triton"), (64, 4, 2, "radiance", "cuda_warpgroup"), (64, 4, 3, "radiance", "cuda_warpgroup")}
+        (64, 8, 3, "radiance", "triton"), (64, 8, 2, "radiance", "cuda_warpgroup"), (64, 8, 3, "radiance", "cuda_warpgroup")}
     # the warpgroup pass pads a block to a multiple of 8 rows, not to BLOCK_M: its BLOCK_Q is the
     # width (72 rows), where the Triton pass's is BLOCK_M's (16 tokens, 128 rows)
     assert {c.block_q for c in cands if c.block_m == 128} == {9, 16}

@@ -270,7 +270,7 @@ class RadianceUnifiedAttention:
             elif launch.partial_pass == "cuda_warpgroup":
                 why = split_kv_kernel.warpgroup_call_refusal(kwargs["q"], kwargs["k"], kwargs["v"])
                 if why is not None:
-                    launch = replace(launch, partial_pass="triton", block_q=max(1, launch.block_m // geo.q_per_kv))
+                    launch = on_triton_pass(launch, geo.q_per_kv)
                     reason = f"{reason}; Triton partial pass: {why}"
         self.last_decision = (geo, launch, reason)
         self._log_first(kwargs, geo, launch, reason)
@@ -459,8 +459,13 @@ def _warpgroup_or_triton_pass(launch: policy.TritonLaunch, geo: policy.Geometry,
     why = split_kv_kernel.warpgroup_refusal(launch, geo.head_size, q.dtype, k.dtype, geo.q_per_kv, q.device)
     if why is None:
         return launch
-    return replace(launch, partial_pass="triton", block_q=max(1, launch.block_m // geo.q_per_kv),
-                   reason=f"{launch.reason}; Triton partial pass: {why}")
+    return replace(on_triton_pass(launch, geo.q_per_kv), reason=f"{launch.reason}; Triton partial pass: {why}")
+
+
+def on_triton_pass(launch: policy.TritonLaunch, q_per_kv: int) -> policy.TritonLaunch:
+    """The same launch on radiance's Triton partial pass (its tile, warps and stages; BLOCK_Q back
+    to BLOCK_M's)."""
+    return replace(launch, partial_pass="triton", block_q=max(1, launch.block_m // q_per_kv))
 
 
 def on_vllms_kernel(launch: policy.TritonLaunch, q_per_kv: int) -> policy.TritonLaunch:

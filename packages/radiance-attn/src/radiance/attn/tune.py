@@ -60,6 +60,8 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # warpgroup a block, ``stages`` tiles in flight), which probe_split_kv_kernel.py --cuda --warpgroup
 # measured 0.75-0.94x the shipped time for head 256 on fp8 KV at widths 4-9 (H100,
 # split_kv_kernel.md section 10); a GPU without it refuses these shapes and the sweep leaves them out.
+# The pass runs one warpgroup whatever "warps" says: the entry's warps are for the Triton pass,
+# which runs the launch where the warpgroup pass cannot (8 for 128-row blocks, as above).
 WARPGROUP = {"tile": 64, "warps": 4, "kernel": "radiance", "partial_pass": "cuda_warpgroup"}
 BASE_SHAPES = {
     "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
@@ -90,7 +92,7 @@ WIDE_SHAPES = {
           "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
           "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"},
           "rk_t64w8s3_ta": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance", "table_ahead": True},
-          "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
+          "wg_s2": {**WARPGROUP, "warps": 8, "stages": 2}, "wg_s3": {**WARPGROUP, "warps": 8, "stages": 3}},
 }
 
 
@@ -471,11 +473,11 @@ def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", w
     return rule
 
 
-def _score(points: list[dict], arch: str, rule: dict) -> tuple:
+def _score(points: list[dict], geos: list[policy.Geometry], arch: str, rule: dict) -> tuple:
     table = {"arch": arch, "triton": {"default": rule, "classes": []}}
     slow, regret, missing = 0, 0.0, 0
-    for p in points:
-        t = _time_of(p, policy.triton_launch(_geo(p, arch), table))
+    for p, geo in zip(points, geos):
+        t = _time_of(p, policy.triton_launch(geo, table))
         if t is None:
             missing += 1
             continue
@@ -508,6 +510,8 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
         {"coef": coefs, "exp": exps, "lo": (4, 8), "unsplit": (0, 2, 4, 8)},
     ]
 
+    geos = [_geo(p, arch) for p in points]  # the same for every trial rule
+
     def make(t):
         return _rule(t["coef"], t["exp"], t["lo"], t["unsplit"], t["fill"], max_seqs, max_q, t["base"],
                      {bm: t[f"w{bm}"] for bm in WIDE_SHAPES}, {bm: t[f"s{bm}"] for bm in WIDE_SHAPES})
@@ -519,7 +523,7 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
             for values in itertools.product(*(grid[n] for n in names)):
                 trial = dict(params, **dict(zip(names, values)))
                 rule = make(trial)
-                score = _score(points, arch, rule)
+                score = _score(points, geos, arch, rule)
                 if best is None or score < best[0]:
                     best = (score, rule, trial)
             params = best[2]
