@@ -62,6 +62,9 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # split_kv_kernel.md section 10); a GPU without it refuses these shapes and the sweep leaves them out.
 # The pass runs one warpgroup whatever "warps" says: the entry's warps are for the Triton pass,
 # which runs the launch where the warpgroup pass cannot (8 for 128-row blocks, as above).
+# 32-row blocks also get radiance's 4-warp 32-key and 128-key tiles: in the 05:29 UTC H200 sweep
+# head 128's width-6 steps (24 rows, a 32-row block, 64-key tiles) ran slower than its width-9
+# steps (36 rows in a 64-row block, 32- or 128-key tiles) at 20 of 20 bf16 and 15 of 20 fp8 points.
 WARPGROUP = {"tile": 64, "warps": 4, "kernel": "radiance", "partial_pass": "cuda_warpgroup"}
 BASE_SHAPES = {
     "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
@@ -81,6 +84,9 @@ WIDE_SHAPES = {
          "rk_t32w2s2": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance"},
          "rk_t64w4s2_ta": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
          "rk_t32w2s2_r128": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "registers": 128},
+         "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
+         "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"},
+         "rk_t128w4s2_ta": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
          "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
     64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
@@ -651,8 +657,16 @@ def main(argv=None) -> int:
                        "best": best_key, "best_us": cands[best_key], "floor_us": b.floor_us(ctx, seqs)})
         print(f"  {k.name:14s} ctx={ctx:6d} seqs={seqs} w={width}: stock {stock_us:8.1f} us, "
               f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
+    to_extend = [p for p in merged if p["class"] in extend]
+    if to_extend:  # build the added launch shapes in parallel first, as the sweep does
+        by_point = {(p["class"], p["ctx"], p["seqs"], p["width"]): p["candidates"] for p in to_extend}
+        pre = precompile(str(args.kernel_src), [(next(c for c in CLASSES if c.name == p["class"]), p["ctx"], p["seqs"],
+                                                 p["width"]) for p in to_extend], args.jobs,
+                         launches=lambda k, ctx, seqs, width: [c for c in candidate_launches(k, ctx, seqs, width)
+                                                               if _key(c) not in by_point[(k.name, ctx, seqs, width)]])
+        print(f"precompiled the added candidates in {pre:.0f}s")
     added = 0
-    for p in (p for p in merged if p["class"] in extend):
+    for p in to_extend:
         if time.time() - t_start > args.budget_s:
             skipped += 1
             continue
