@@ -26,8 +26,10 @@
 //
 // Query rows and P are stored K-major with the 128-byte swizzle (wgmma.cuh); the KV ring is
 // split_kv_common.cuh's. Shared memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks
-// an SM. That instance holds 144 + 36 fp32 accumulators a thread, and ptxas serializes its wgmmas
-// (C7512, registers); two blocks each holding half of O^T avoid that but compute S^T twice, and
+// an SM. That instance holds 144 + 36 fp32 accumulators a thread: with an A-fragment buffer for
+// every MMA group in flight ptxas serialized all its wgmmas (C7512, registers), so each product
+// keeps two buffers, the next group's converted while one group runs (a few registers spill
+// there instead). Two blocks each holding half of O^T also avoid it but compute S^T twice, and
 // measured 1.2-1.9x slower (radiance-attn's split_kv_kernel.md, section 10).
 #include "split_kv_common.cuh"
 #include "wgmma.cuh"
@@ -131,6 +133,55 @@ RAD_DEVICE void wgmma_rs(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t b, 
 
 #endif  // RADIANCE_WGMMA
 
+// A fragments of the first product's group `grp` (head elements 64 grp .. + 63, four k16 steps):
+// warp w's 16 keys of the tile's K rows at `k_s`, fp8 widened in registers.
+template <bool FP8, int RB>
+RAD_DEVICE void load_k_fragments(uint32_t (&a)[4][4], uint32_t k_s, int grp, int warp, int lane) {
+  if constexpr (FP8) {
+#pragma unroll
+    for (int c = 0; c < 4; c += 2) {  // 16-byte chunks: one k16 step each
+      uint32_t r[4];
+      ldmatrix_x4(r, k_s + swizzled(16 * warp + (lane & 15), 4 * grp + c + (lane >> 4), RB));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        e4m3x4_to_f16x2(r[2 * h], a[c + h][0], a[c + h][2]);
+        e4m3x4_to_f16x2(r[2 * h + 1], a[c + h][1], a[c + h][3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int st = 0; st < 4; ++st)
+      ldmatrix_x4(a[st], k_s + swizzled(16 * warp + (lane & 15), 2 * (4 * grp + st) + (lane >> 4), RB));
+  }
+}
+
+// A fragments of the second product's 64-row block `mb` of O^T (four k16 steps of 16 keys): warp
+// w's 16 head elements of the tile's V rows at `v_s`, transposed, fp8 widened in registers.
+template <bool FP8, int RB>
+RAD_DEVICE void load_v_fragments(uint32_t (&a)[4][4], uint32_t v_s, int mb, int warp, int lane) {
+  if constexpr (FP8) {
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {  // 32 keys: two k16 steps of one ldmatrix
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, v_s + swizzled(32 * kp + lane, 4 * mb + warp, RB));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // keys 2tq, 2tq + 1 (and + 8) of head elements 2g (low half) and 2g + 1 (high half): A
+        // rows g and g + 8 are this 16-element chunk's elements 2g and 2g + 1
+        const uint32_t lo_keys = __byte_perm(r[2 * h], 0, 0x3120);
+        const uint32_t hi_keys = __byte_perm(r[2 * h + 1], 0, 0x3120);
+        e4m3x4_to_f16x2(lo_keys, a[2 * kp + h][0], a[2 * kp + h][1]);
+        e4m3x4_to_f16x2(hi_keys, a[2 * kp + h][2], a[2 * kp + h][3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      ldmatrix_x4_trans(a[ks], v_s + swizzled(16 * ks + (lane & 7) + 8 * (lane >> 4),
+                                              8 * mb + 2 * warp + ((lane >> 3) & 1), RB));
+  }
+}
+
 // Thread t of warp w holds S^T and O^T fragments at rows 16w + t / 4 (+ 8) and columns 8j + 2(t % 4)
 // (+ 1), j < NT: s[j][e + 2h] is row +8h, column +e.
 template <int HEAD, int MODE, int NT>
@@ -208,34 +259,25 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
     const uint32_t k_s = shared_address(kv.stage(t)), v_s = k_s + tile * RB;
     const int par = (t - lo) & 1;
 
-    // S^T = K Q^T: warp w's 16 keys as A, 16 head elements a step. A group's A fragments are all
-    // converted before its MMAs are issued: a register written between two wgmmas of a group
-    // would make ptxas serialize them.
+    // S^T = K Q^T: warp w's 16 keys as A, 16 head elements a step, a group of four steps (64 head
+    // elements) a commit. A group's A fragments are all converted before its MMAs are issued (a
+    // register written between two wgmmas of a group makes ptxas serialize them), into one of two
+    // buffers: the next group's are converted while this one runs, once the group before it
+    // (which read that buffer) has retired (the header says why not one buffer a group).
     float s[NT][4];
+    uint32_t a[2][4][4];
+    load_k_fragments<FP8, RB>(a[0], k_s, 0, warp, lane);
 #pragma unroll
-    for (int grp = 0; grp < HEAD / 64; ++grp) {  // 64 head elements: four k16 steps
-      uint32_t a[4][4];
-      if constexpr (FP8) {
-#pragma unroll
-        for (int c = 0; c < 4; c += 2) {  // 16-byte chunks: one k16 step each
-          uint32_t r[4];
-          ldmatrix_x4(r, k_s + swizzled(16 * warp + (lane & 15), 4 * grp + c + (lane >> 4), RB));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            e4m3x4_to_f16x2(r[2 * h], a[c + h][0], a[c + h][2]);
-            e4m3x4_to_f16x2(r[2 * h + 1], a[c + h][1], a[c + h][3]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int st = 0; st < 4; ++st)
-          ldmatrix_x4(a[st], k_s + swizzled(16 * warp + (lane & 15), 2 * (4 * grp + st) + (lane >> 4), RB));
-      }
+    for (int grp = 0; grp < HEAD / 64; ++grp) {
       wgmma_fence();
 #pragma unroll
       for (int st = 0; st < 4; ++st)
-        wgmma_rs<NT, DOT_BF16>(s, a[st], q_desc + ((grp * (N * 128) + st * 32) >> 4), grp + st > 0);
+        wgmma_rs<NT, DOT_BF16>(s, a[grp & 1][st], q_desc + ((grp * (N * 128) + st * 32) >> 4), grp + st > 0);
       wgmma_commit();
+      if (grp + 1 < HEAD / 64) {
+        wgmma_wait<1>();  // group grp - 1, the last reader of the other buffer, has retired
+        load_k_fragments<FP8, RB>(a[(grp + 1) & 1], k_s, grp + 1, warp, lane);
+      }
     }
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -348,36 +390,20 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
     fence_proxy_async();
     __syncthreads();  // P is in shared memory
 
-    // O^T += V^T P^T: warp w's 16 head rows of each 64-row block as A, 16 keys a step
+    // O^T += V^T P^T: warp w's 16 head rows of each 64-row block as A, 16 keys a step; one
+    // 64-row block a group, its fragments double-buffered as the first product's are.
+    load_v_fragments<FP8, RB>(a[0], v_s, 0, warp, lane);
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
-      uint32_t a[4][4];
-      if constexpr (FP8) {
-#pragma unroll
-        for (int kp = 0; kp < 2; ++kp) {  // 32 keys: two k16 steps of one ldmatrix
-          uint32_t r[4];
-          ldmatrix_x4_trans(r, v_s + swizzled(32 * kp + lane, 4 * mb + warp, RB));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            // keys 2tq, 2tq + 1 (and + 8) of head elements 2g (low half) and 2g + 1 (high half): A
-            // rows g and g + 8 are this 16-element chunk's elements 2g and 2g + 1
-            const uint32_t lo_keys = __byte_perm(r[2 * h], 0, 0x3120);
-            const uint32_t hi_keys = __byte_perm(r[2 * h + 1], 0, 0x3120);
-            e4m3x4_to_f16x2(lo_keys, a[2 * kp + h][0], a[2 * kp + h][1]);
-            e4m3x4_to_f16x2(hi_keys, a[2 * kp + h][2], a[2 * kp + h][3]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          ldmatrix_x4_trans(a[ks], v_s + swizzled(16 * ks + (lane & 7) + 8 * (lane >> 4),
-                                                  8 * mb + 2 * warp + ((lane >> 3) & 1), RB));
-      }
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_rs<NT, DOT_BF16>(o[mb], a[ks], p_desc + ks * 2, 1);
+        wgmma_rs<NT, DOT_BF16>(o[mb], a[mb & 1][ks], p_desc + ks * 2, 1);
       wgmma_commit();
+      if (mb + 1 < MB) {
+        wgmma_wait<1>();
+        load_v_fragments<FP8, RB>(a[(mb + 1) & 1], v_s, mb + 1, warp, lane);
+      }
     }
     // Retired here, not under the next tile's first product: with the PV groups in flight across
     // the loop's back edge, ptxas serializes every wgmma (C7513).
