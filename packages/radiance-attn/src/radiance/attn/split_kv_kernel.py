@@ -244,25 +244,36 @@ def launch_refusal(launch, q_dtype: str, kv_dtype: str, q_per_kv: int) -> str | 
 def warpgroup_refusal(launch, head: int, q_dtype, kv_dtype, q_per_kv: int, device) -> str | None:
     """Why radiance-kernels' warpgroup partial pass cannot run ``launch`` (torch dtypes, the GPU
     ``device``), or None: the library and an sm_90 device, its 64-key tile, a query block of at
-    most its 72 rows, the shared memory it needs. A property of the geometry and the GPU: checked
-    once per decision (``launch_refusal`` first)."""
+    most its 72 rows, the shared memory it needs. A property of the launch shape, the geometry's
+    head and dtypes and the GPU, not of the context: decided once for each (the wrapper asks once
+    per geometry, and the context grows every step)."""
+    import torch
+
+    device = torch.device(device)
+    return _warpgroup_refusal(launch.tile_size, launch.block_q * q_per_kv, launch.num_stages or 2, head, q_dtype,
+                              kv_dtype, device.type, device.index)
+
+
+@functools.lru_cache(maxsize=256)
+def _warpgroup_refusal(tile: int, rows: int, stages: int, head: int, q_dtype, kv_dtype, device_type: str,
+                       device_index) -> str | None:
     try:
         from radiance.kernels import split_kv_attention as wg
     except ImportError as exc:
         return f"radiance-kernels is not importable ({exc})"
-    if launch.tile_size != wg.WARPGROUP_TILE:
-        return f"a {launch.tile_size}-key tile (the warpgroup pass takes {wg.WARPGROUP_TILE})"
-    rows = launch.block_q * q_per_kv
+    if tile != wg.WARPGROUP_TILE:
+        return f"a {tile}-key tile (the warpgroup pass takes {wg.WARPGROUP_TILE})"
     n_tiles = next((n for n in wg.WARPGROUP_COLUMNS if 8 * n >= rows), None)
     if n_tiles is None:
         return f"{rows} query rows a block (the warpgroup pass takes up to {8 * wg.WARPGROUP_COLUMNS[-1]})"
+    import torch
+
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
     why = wg.warpgroup_unsupported_reason(device)
     if why is not None:
         return why
-    import torch
-
     smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-    return wg.warpgroup_launch_refusal(head, kv_dtype, q_dtype, n_tiles, launch.num_stages or 2, smem)
+    return wg.warpgroup_launch_refusal(head, kv_dtype, q_dtype, n_tiles, stages, smem)
 
 
 def call_refusal(q, k_cache, v_cache, out, k_scale, v_scale) -> str | None:
@@ -286,14 +297,12 @@ def call_refusal(q, k_cache, v_cache, out, k_scale, v_scale) -> str | None:
 
 
 def warpgroup_call_refusal(q, k_cache, v_cache) -> str | None:
-    """Why the warpgroup partial pass cannot take these tensors, or None: it copies the query and
-    the KV 16 bytes a request, so their base addresses and token/head/block strides must be
-    16-byte aligned (vLLM's caches and query views are). Per call, after ``call_refusal``."""
-    for name, t, dims in (("q", q, 2), ("K cache", k_cache, 3), ("V cache", v_cache, 3)):
-        size = t.element_size()
-        if t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:dims]):
-            return f"{name} is not 16-byte aligned"
-    return None
+    """Why the warpgroup partial pass cannot take these tensors, or None: its 16-byte copies need
+    q and the caches 16-byte aligned (vLLM's caches and query views are;
+    ``split_kv_attention.unaligned``). Per call, after ``call_refusal``."""
+    from radiance.kernels.split_kv_attention import unaligned
+
+    return unaligned(q, k_cache, v_cache)
 
 
 def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_seqlen_q: int,

@@ -144,9 +144,13 @@ def warpgroup_smem_bytes(head: int, kv_dtype: torch.dtype, n_tiles: int, stages:
     return 1024 + -(-fixed // 128) * 128 + stages * 2 * WARPGROUP_TILE * head * kv_bytes
 
 
-def _aligned(t: torch.Tensor, strides) -> bool:
-    """16-byte vector copies: the base address and every given stride (elements) 16-byte aligned."""
-    return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in strides)
+def unaligned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
+    """Which of q and the caches the 16-byte copies of both passes cannot take (its base address
+    or a token/head/block stride not a multiple of 16 bytes), or None."""
+    for name, t, dims in (("q", q, 2), ("K cache", k_cache, 3), ("V cache", v_cache, 3)):
+        if t.data_ptr() % 16 or any((st * t.element_size()) % 16 for st in t.stride()[:dims]):
+            return f"{name} is not 16-byte aligned"
+    return None
 
 
 def _check_tensors(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum) -> int:
@@ -176,9 +180,9 @@ def _check_call(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_o
     tokens, q_heads, head = q.shape
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the head dimension of q and the caches must be contiguous")
-    if not (_aligned(q, q.stride()[:2]) and _aligned(k_cache, k_cache.stride()[:3])
-            and _aligned(v_cache, v_cache.stride()[:3])):
-        raise ValueError("q and the caches must be 16-byte aligned (base and token/head/block strides)")
+    why = unaligned(q, k_cache, v_cache)
+    if why is not None:
+        raise ValueError(f"{why}: q and the caches must be 16-byte aligned (base and token/head/block strides)")
     seqs = seq_lens.numel()
     for name, t, shape in (("seq_lens", seq_lens, (seqs,)), ("cu_seqlens_q", cu_seqlens_q, (seqs + 1,))):
         if t.dtype != torch.int32 or tuple(t.shape) != shape or not t.is_contiguous():
