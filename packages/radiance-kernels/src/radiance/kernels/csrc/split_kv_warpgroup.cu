@@ -26,11 +26,12 @@
 //
 // Query rows and P are stored K-major with the 128-byte swizzle (wgmma.cuh); the KV ring is
 // split_kv_common.cuh's. Shared memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks
-// an SM. That instance holds 144 + 36 fp32 accumulators a thread: with an A-fragment buffer for
-// every MMA group in flight ptxas serialized all its wgmmas (C7512, registers), so each product
-// keeps two buffers, the next group's converted while one group runs (a few registers spill
-// there instead). Two blocks each holding half of O^T also avoid it but compute S^T twice, and
-// measured 1.2-1.9x slower (radiance-attn's split_kv_kernel.md, section 10).
+// an SM. That instance holds 144 + 36 fp32 accumulators a thread and, with every MMA group's A
+// fragments in registers of their own, ptxas serializes its wgmmas (C7512, registers). Both
+// remedies measured slower: two fragment buffers a product (the next group's converted once the
+// group before has retired) 1-2% there and 1-3% at 32 and 48 rows, where nothing was serialized
+// (split_kv_kernel.md, section 11); two blocks each holding half of O^T compute S^T twice and
+// measured 1.2-1.9x slower (section 10). Both files are radiance-attn's.
 #include "split_kv_common.cuh"
 #include "wgmma.cuh"
 
@@ -261,23 +262,19 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
 
     // S^T = K Q^T: warp w's 16 keys as A, 16 head elements a step, a group of four steps (64 head
     // elements) a commit. A group's A fragments are all converted before its MMAs are issued (a
-    // register written between two wgmmas of a group makes ptxas serialize them), into one of two
-    // buffers: the next group's are converted while this one runs, once the group before it
-    // (which read that buffer) has retired (the header says why not one buffer a group).
+    // register written between two wgmmas of a group makes ptxas serialize them), each group into
+    // registers of its own, so the next group's are converted while this one runs (the header
+    // says why not fewer).
     float s[NT][4];
-    uint32_t a[2][4][4];
-    load_k_fragments<FP8, RB>(a[0], k_s, 0, warp, lane);
 #pragma unroll
-    for (int grp = 0; grp < HEAD / 64; ++grp) {
+    for (int grp = 0; grp < MB; ++grp) {
+      uint32_t a[4][4];
+      load_k_fragments<FP8, RB>(a, k_s, grp, warp, lane);
       wgmma_fence();
 #pragma unroll
       for (int st = 0; st < 4; ++st)
-        wgmma_rs<NT, DOT_BF16>(s, a[grp & 1][st], q_desc + ((grp * (N * 128) + st * 32) >> 4), grp + st > 0);
+        wgmma_rs<NT, DOT_BF16>(s, a[st], q_desc + ((grp * (N * 128) + st * 32) >> 4), grp + st > 0);
       wgmma_commit();
-      if (grp + 1 < HEAD / 64) {
-        wgmma_wait<1>();  // group grp - 1, the last reader of the other buffer, has retired
-        load_k_fragments<FP8, RB>(a[(grp + 1) & 1], k_s, grp + 1, warp, lane);
-      }
     }
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -391,19 +388,16 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
     __syncthreads();  // P is in shared memory
 
     // O^T += V^T P^T: warp w's 16 head rows of each 64-row block as A, 16 keys a step; one
-    // 64-row block a group, its fragments double-buffered as the first product's are.
-    load_v_fragments<FP8, RB>(a[0], v_s, 0, warp, lane);
+    // 64-row block a group, its fragments loaded as the first product's are.
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
+      uint32_t a[4][4];
+      load_v_fragments<FP8, RB>(a, v_s, mb, warp, lane);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_rs<NT, DOT_BF16>(o[mb], a[mb & 1][ks], p_desc + ks * 2, 1);
+        wgmma_rs<NT, DOT_BF16>(o[mb], a[ks], p_desc + ks * 2, 1);
       wgmma_commit();
-      if (mb + 1 < MB) {
-        wgmma_wait<1>();
-        load_v_fragments<FP8, RB>(a[(mb + 1) & 1], v_s, mb + 1, warp, lane);
-      }
     }
     // Retired here, not under the next tile's first product: with the PV groups in flight across
     // the loop's back edge, ptxas serializes every wgmma (C7513).
