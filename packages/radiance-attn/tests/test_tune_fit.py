@@ -3,6 +3,8 @@
 import dataclasses
 import math
 
+import pytest
+
 from radiance.attn import policy, tables, tune
 
 KLASS = tune.CLASSES[0]  # head 256, 2 KV heads, bf16
@@ -23,20 +25,23 @@ def _points(rule=None):
                 p = {"class": KLASS.name, "head_size": KLASS.head_size, "num_query_heads": KLASS.num_query_heads,
                      "num_kv_heads": KLASS.num_kv_heads, "kv_dtype": KLASS.kv_dtype, "ctx": ctx, "seqs": seqs,
                      "width": width}
-                best = policy.triton_launch(tune._geo(p, "sm_90"), truth)
-                cands = {}
-                for c in tune.candidate_launches(KLASS, ctx, seqs, width):
-                    # the truth's launch is fastest; every step away from it in segments, shape,
-                    # kernel or block costs time
-                    t = 10.0 * (1 + 0.2 * abs(math.log2(c.num_segments / best.num_segments)))
-                    t *= 1.0 if (c.tile_size, c.num_warps, c.num_stages) == (best.tile_size, best.num_warps,
-                                                                            best.num_stages) else 1.4
-                    t *= 1.0 if (c.kernel, c.partial_pass) == (best.kernel, best.partial_pass) else 1.3
-                    t *= 1.0 if c.block_m == best.block_m else 1.5
-                    cands[tune._key(c)] = t
-                key = min(cands, key=cands.get)
-                points.append(dict(p, stock_us=100.0, candidates=cands, best=key, best_us=cands[key]))
+                points.append(dict(p, stock_us=100.0, **_timed(truth, p)))
     return points
+
+
+def _timed(truth: dict, p: dict) -> dict:
+    """``p``'s candidates: the truth table's launch is fastest; every step away from it in
+    segments, shape, kernel or block costs time."""
+    best = policy.triton_launch(tune._geo(p, "sm_90"), truth)
+    cands = {}
+    for c in tune.candidate_launches(KLASS, p["ctx"], p["seqs"], p["width"]):
+        t = 10.0 * (1 + 0.2 * abs(math.log2(c.num_segments / best.num_segments)))
+        t *= 1.0 if (c.tile_size, c.num_warps, c.num_stages) == (best.tile_size, best.num_warps, best.num_stages) else 1.4
+        t *= 1.0 if (c.kernel, c.partial_pass) == (best.kernel, best.partial_pass) else 1.3
+        t *= 1.0 if c.block_m == best.block_m else 1.5
+        cands[tune._key(c)] = t
+    key = min(cands, key=cands.get)
+    return {"candidates": cands, "best": key, "best_us": cands[key]}
 
 
 def test_every_truth_launch_is_a_candidate():
@@ -181,6 +186,35 @@ def test_fit_finds_a_shape_that_wins_only_at_its_own_split_count():
     assert score["mean_regret_pct"] < 1.0, score
 
 
+def test_fit_finds_a_widened_blocks_shape_that_wins_only_at_its_own_split_factor():
+    """A widened block's shape fastest only at twice the split count of the block's other shapes
+    (the warpgroup pass against the Triton shapes) is found with its factor: the fit searches a
+    block's shape and factor together, not the shape at the factor the block had before."""
+    fast = _truth(wide_scales={128: 2})
+    fast["wide"]["launch"]["128"] = {**tune.WIDE_SHAPES[128]["wg_s2"], "split_scale": 2}
+    other = _truth()
+    points = []
+    for p in _points():
+        geo = tune._geo(p, "sm_90")
+        own = policy.triton_launch(geo, {"arch": "sm_90", "triton": {"default": fast, "classes": []}})
+        rest = policy.triton_launch(geo, {"arch": "sm_90", "triton": {"default": other, "classes": []}})
+        cands = dict(p["candidates"])
+        for c in tune.candidate_launches(KLASS, p["ctx"], p["seqs"], p["width"]):
+            if c.block_m != 128 or own.block_m != 128:
+                continue
+            if c.partial_pass == "cuda_warpgroup" and c.num_stages == 2:
+                t = 8.0 * (1 + 0.6 * abs(math.log2(c.num_segments / own.num_segments)))
+            else:  # the block's other shapes: 10 us, a little better near the rule's split count
+                t = 10.0 * (1 + 0.01 * abs(math.log2(c.num_segments / rest.num_segments)))
+            cands[tune._key(c)] = t
+        key = min(cands, key=cands.get)
+        points.append(dict(p, candidates=cands, best=key, best_us=cands[key]))
+    assert any(p["best"].endswith("_wg_rk") for p in points)
+    rule, score = tune.fit(points, "sm_90", 8, 9)
+    assert rule["wide"]["launch"]["128"] == {**tune.WARPGROUP, "warps": 8, "stages": 2, "split_scale": 2}
+    assert score["mean_regret_pct"] < 1.0, score
+
+
 def test_precompile_builds_only_the_launches_asked_for(monkeypatch):
     built = {}
     monkeypatch.setattr(tune, "build_in_workers", lambda fn, tasks, jobs: built.update(tasks) or {})
@@ -214,3 +248,41 @@ def test_register_cap_and_table_ahead_go_from_a_shape_to_the_table_and_back(monk
     keys = {tune._key(c) for c in tune.candidate_launches(KLASS, 32768, 1, 1)}
     assert tune._key(launch) in keys and tune._key(launch).endswith("_r96_ta_rk")
     assert tune._key(dataclasses.replace(launch, max_registers=None, table_ahead=False)) in keys
+
+
+def test_class_rules_are_fitted_per_context_band_and_the_table_tells_them_apart():
+    """Each class gets a rule below the band edge and one from it, matched on max_seqlen_k: a
+    shape fastest only at long contexts serves them without costing the short ones."""
+    assert tune.context_bands(tune.FULL_GRID["ctx"]) == [{"max": 23170}, {"min": 23170}]
+    assert tune.context_bands((4096, 16384)) == [{}]  # no long context swept: one rule
+    bands = tune.context_bands(GRID["ctx"])
+    short = _truth()
+    long = tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t32w4s2", {32: "t64w4s2", 64: "t32w4", 128: "rk_t64w8s2"},
+                      {128: 0.5})
+    truth = {"arch": "sm_90", "triton": {"default": short, "classes": [{"match": {"max_seqlen_k": bands[1]},
+                                                                         "rule": long}]}}
+    tables.validate(truth)
+    points = [dict(p, **_timed(truth, p)) for p in _points()]
+    fitted, regret = {}, 0.0
+    for band in bands:
+        pts = [p for p in points if tables.matches({"max_seqlen_k": band}, tune._geo(p, "sm_90"))]
+        fitted[tune._band_name(band)], score = tune.fit(pts, "sm_90", 8, 9)
+        regret += len(pts) * math.log1p(score["mean_regret_pct"] / 100)
+    short_rule, long_rule = fitted[tune._band_name(bands[0])], fitted[tune._band_name(bands[1])]
+    assert (short_rule["tile_3d"], short_rule["warps_3d"]) == (64, 8)
+    assert (long_rule["tile_3d"], long_rule["warps_3d"]) == (32, 4)
+    one_rule, one_score = tune.fit(points, "sm_90", 8, 9)
+    assert regret < len(points) * math.log1p(one_score["mean_regret_pct"] / 100) / 2
+    table = tune.rule_table("sm_90", {f"c{n}": ({"head_size": 256, "max_seqlen_k": b}, fitted[tune._band_name(b)])
+                                      for n, b in enumerate(bands)}, one_rule, {})
+    tables.validate(table)
+    for p in (p for p in points if p["width"] == 1):  # the stock block: the band's base shape
+        launch = policy.triton_launch(tune._geo(p, "sm_90"), table)
+        assert launch.tile_size == (32 if p["ctx"] >= bands[1]["min"] else 64), p
+
+
+def test_a_match_range_must_be_numeric_bounds():
+    bad = {"arch": "sm_90", "triton": {"default": _truth(), "classes": [
+        {"match": {"max_seqlen_k": {"above": 5}}, "rule": _truth()}]}}
+    with pytest.raises(ValueError, match="match range"):
+        tables.validate(bad)

@@ -3,7 +3,10 @@
 A table is a JSON document keyed by one arch. ``aiter`` holds the overlays for AITER's
 selectors, ``triton`` the rules for radiance's launch of vLLM's Triton kernel: a ``default``
 rule plus ``classes`` (a ``match`` on head size / KV heads / dtypes, and the rule fitted for
-it). Lookup is by exact arch only, so a table fitted on one GPU never moves another's shapes.
+it). A match value is one value, a list of values, or a range ``{"min": a, "max": b}`` (either
+bound optional; ``min`` inclusive, ``max`` exclusive): the fitted sm_90 table bands its classes
+by ``max_seqlen_k`` that way. Lookup is by exact arch only, so a table fitted on one GPU never
+moves another's shapes.
 
 A Triton rule: ``split`` (coef, exp, min, max[, unsplit_below]) for the segment count;
 optional ``tile_3d`` / ``warps_3d`` / ``stages_3d`` / ``kernel_3d`` for the stock block's split
@@ -69,6 +72,12 @@ def validate(table: Mapping[str, Any]) -> None:
         raise ValueError("attention table must be a JSON object with a string 'arch'")
     tri = table.get("triton")
     if tri is not None:
+        for cls in tri.get("classes", []):
+            for key, want in (cls.get("match") or {}).items():
+                if isinstance(want, Mapping) and (not want or set(want) - {"min", "max"} or not all(
+                        isinstance(v, (int, float)) and not isinstance(v, bool) for v in want.values())):
+                    raise ValueError(f"table {table['arch']}: match range {key}={want!r} is not "
+                                     "{'min': number, 'max': number} (either bound optional)")
         rules = [tri.get("default")] + [c.get("rule") for c in tri.get("classes", [])]
         for rule in rules:
             if rule is None:
@@ -122,12 +131,17 @@ def for_arch(arch: str) -> dict | None:
     return None
 
 
-def _matches(match: Mapping[str, Any], geo) -> bool:
+def matches(match: Mapping[str, Any], geo) -> bool:
+    """Whether ``geo`` (a policy.Geometry) meets every value of a class's ``match``."""
     for key, want in match.items():
         have = getattr(geo, key)
-        if isinstance(want, list) and have not in want:
-            return False
-        if not isinstance(want, list) and have != want:
+        if isinstance(want, Mapping):
+            if ("min" in want and have < want["min"]) or ("max" in want and have >= want["max"]):
+                return False
+        elif isinstance(want, list):
+            if have not in want:
+                return False
+        elif have != want:
             return False
     return True
 
@@ -139,7 +153,7 @@ def triton_rule(table: Mapping[str, Any], geo) -> dict | None:
         return None
     rule = None
     for cls in tri.get("classes", []):
-        if _matches(cls.get("match", {}), geo):
+        if matches(cls.get("match", {}), geo):
             rule = cls["rule"]
             break
     rule = rule if rule is not None else tri.get("default")

@@ -13,10 +13,11 @@ replays on random data with KV rotated through more than the L2 size:
   * every candidate launch: split count x BLOCK_M (stock block, and the block that holds all
     of a sequence's rows) x launch shape and kernel (KV tile, warps, pipeline stages, vLLM's
     kernel or radiance's: BASE_SHAPES, WIDE_SHAPES);
-then fits the policy's rule to the candidates (fewest points slower than stock by >3%, then
-least total log-regret against the best candidate), writes ``DIR/tables/<arch>.json``, and
-re-measures radiance's own wrapper with the fitted table against stock at every point, with the
-KV-read floor (the batch's KV bytes at 4.25 TB/s) and an exactness check of radiance vs stock.
+then fits the policy's rule to the candidates, per class and context band (fewest points slower
+than stock by >3%, then least total log-regret against the best candidate), writes
+``DIR/tables/<arch>.json``, and re-measures radiance's own wrapper with the fitted table against
+stock at every point, with the KV-read floor (the batch's KV bytes at 4.25 TB/s) and an
+exactness check of radiance vs stock.
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ CLASSES = (
     Klass("h256_kv2_fp8", 256, 16, 2, "fp8"),
     Klass("h128_kv8_fp8", 128, 32, 8, "fp8"),
 )
+# Each class's rule is fitted per context band, the table telling them apart by max_seqlen_k: one
+# rule's split count and shapes fitted over 4K-128K at once trade the short contexts against the
+# long ones. On the H200 (split_kv_kernel.md, section 11) a rule below 32K and one from 32K took
+# 194 of 240 points at >= 32K within 2x of the KV-read floor where one rule took 188, at the same
+# time overall (0.998x). The band edge is the geometric mean of the swept contexts either side of
+# CONTEXT_BAND_FROM.
+CONTEXT_BAND_FROM = 32768
 FULL_GRID = {"ctx": (4096, 16384, 32768, 65536, 131072), "seqs": (1, 2, 4, 8), "width": (1, 2, 4, 6, 9)}
 QUICK_GRID = {"ctx": (4096, 32768, 131072), "seqs": (1, 8), "width": (1, 4, 9)}
 BLOCK = 16
@@ -443,6 +451,21 @@ def precompile(src: str, work: list, jobs: int, launches=None) -> float:
     return time.time() - t0
 
 
+def context_bands(contexts) -> list[dict]:
+    """The max_seqlen_k ranges the class rules are fitted for: [{"max": e}, {"min": e}], or [{}]
+    (one rule) when the swept contexts do not reach both sides of CONTEXT_BAND_FROM."""
+    below = [c for c in contexts if c < CONTEXT_BAND_FROM]
+    above = [c for c in contexts if c >= CONTEXT_BAND_FROM]
+    if not below or not above:
+        return [{}]
+    edge = round(math.sqrt(max(below) * min(above)))
+    return [{"max": edge}, {"min": edge}]
+
+
+def _band_name(band: dict) -> str:
+    return "".join(f" ctx>={v}" if k == "min" else f" ctx<{v}" for k, v in band.items())
+
+
 def rule_table(arch: str, rules: dict, default: dict, meta: dict) -> dict:
     return {"arch": arch, "provisional": False, "source": meta,
             "triton": {"default": default, "classes": [{"match": m, "rule": r} for m, r in rules.values()]}}
@@ -499,20 +522,22 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
     log-regret against the best measured candidate. Two rounds over (base launch shape x split
     coefficient and exponent: a shape's best split count moves with its tile and warps, so the two
     are searched together), (wider blocks' shapes x BLOCK_M fill threshold: a wider block pays off
-    only with its own shape), (each wider block's factor on the split coefficient), then (split
-    coef, exponent, lower bound, unsplit threshold) keep it to a few thousand policy evaluations
-    per point set, seconds on the GPU host's CPU.
+    only with its own shape), (each wider block's shape x its factor on the split coefficient, in
+    steps of sqrt(2): searched apart from the shape, a shape the fill search chose kept the
+    factor fitted to the one before it), then (split coef, exponent, lower bound, unsplit threshold) keep it to a few
+    thousand policy evaluations per point set, seconds on the GPU host's CPU.
     """
     params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8, "base": next(iter(BASE_SHAPES)),
               **{f"w{bm}": next(iter(shapes)) for bm, shapes in WIDE_SHAPES.items()},
               **{f"s{bm}": 1 for bm in WIDE_SHAPES}}
     coefs, exps = tuple(2 ** (i / 2) for i in range(2, 15)), (0.25, 1 / 3, 0.5)
+    # 1 first: a tie keeps the earlier value, so a block no point uses keeps its factor of 1
+    scales = (1, 2 ** -0.5, 0.5, 2 ** -1.5, 0.25, 2 ** 0.5, 2, 2 ** 1.5, 4)
     grids = [
         {"base": tuple(BASE_SHAPES), "coef": coefs, "exp": exps},
         {**{f"w{bm}": tuple(shapes) for bm, shapes in WIDE_SHAPES.items()},
          "fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
-        # 1 first: a tie keeps the earlier value, so a block no point uses keeps its factor of 1
-        {f"s{bm}": (1, 0.5, 0.25, 2) for bm in WIDE_SHAPES},
+        *({f"w{bm}": tuple(shapes), f"s{bm}": scales} for bm, shapes in WIDE_SHAPES.items()),
         {"coef": coefs, "exp": exps, "lo": (4, 8), "unsplit": (0, 2, 4, 8)},
     ]
 
@@ -694,12 +719,16 @@ def main(argv=None) -> int:
     # ---- fit -----------------------------------------------------------------------------------
     max_seqs, max_q = max(grid["seqs"]), max(grid["width"])
     rules, fits = {}, {}
+    bands = context_bands({p["ctx"] for p in points})
     for k in classes:
-        pts = [p for p in points if p["class"] == k.name]
-        if pts:
-            rule, score = fit(pts, arch, max_seqs, max_q)
-            rules[k.name] = ({"head_size": k.head_size, "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype}, rule)
-            fits[k.name] = score
+        for band in bands:
+            match = {"head_size": k.head_size, "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype}
+            match.update({"max_seqlen_k": band} if band else {})
+            pts = [p for p in points if p["class"] == k.name and tables.matches(match, _geo(p, arch))]
+            if pts:
+                rule, score = fit(pts, arch, max_seqs, max_q)
+                rules[k.name + _band_name(band)] = (match, rule)
+                fits[k.name + _band_name(band)] = score
     default, fits["default"] = fit(points, arch, max_seqs, max_q) if points else (None, {})
     table = rule_table(arch, rules, default, meta)
     tables.validate(table)
