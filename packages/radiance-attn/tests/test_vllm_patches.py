@@ -1,5 +1,6 @@
 """The Triton-backend adapter against the installed vLLM package."""
 
+import dataclasses
 import importlib
 
 import pytest
@@ -118,11 +119,21 @@ def test_unhandled_calls_fall_back_to_stock(kernel_module, over, why):
     assert launch is None and why in reason
 
 
+def _policys_launch_here(geo, reason: str, triton_launch_of=None):
+    """The policy's launch for ``geo`` as the wrapper runs it on CPU tensors: a warpgroup launch
+    on the Triton pass (that pass needs an sm_90 GPU), its reason saying so."""
+    want = (triton_launch_of or policy.triton_launch)(geo)
+    if want is not None and want.partial_pass == "cuda_warpgroup":
+        assert "Triton partial pass" in reason, reason
+        want = dataclasses.replace(triton_launch.on_triton_pass(want, geo.q_per_kv), reason=reason)
+    return want
+
+
 def test_decision_for_a_verify_batch(kernel_module):
     r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
     geo, launch, reason = r.decide(_call_kwargs())
     assert geo.num_seqs == 2 and geo.num_tokens == 8 and geo.max_seqlen_q == 4 and geo.q_per_kv == 8
-    assert launch == policy.triton_launch(geo)
+    assert launch == _policys_launch_here(geo, launch.reason)
     assert launch is not None and launch.is_3d
     # the segment count never exceeds what the given scratch holds
     assert 8 * 16 * launch.num_segments * 256 <= 64 * 16 * 16 * 256
@@ -144,7 +155,7 @@ def test_decisions_are_kept_per_geometry(kernel_module, monkeypatch):
     assert len(calls) == 1
     longer = r.decide(_call_kwargs(max_seqlen_k=120))
     assert len(calls) == 2 and longer[0].max_seqlen_k != first[0].max_seqlen_k
-    assert longer[1] == real(longer[0])
+    assert longer[1] == _policys_launch_here(longer[0], longer[1].reason, real)
     for n in range(triton_launch._MAX_CACHED_DECISIONS + 5):  # growing contexts stay bounded
         r.decide(_call_kwargs(max_seqlen_k=1000 + n))
     assert len(r._launches) <= triton_launch._MAX_CACHED_DECISIONS
