@@ -318,14 +318,13 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     interpreter).
 
     ``partial_pass`` (None: the launch's own, ``launch_cfg.partial_pass``): "triton" (``_partial``
-    above); "cuda": radiance-kernels'
-    ``split_kv_partial`` (the same algebra, mma.sync with the query rows padded to 16 instead of
-    BLOCK_M, the KV tile's keys split over warps: ``num_warps`` is its key warps (None: tile / 32,
-    at least 1), each taking ``tile_size / num_warps`` keys (16 or 32) of a tile, ``num_stages`` its
-    ring depth, BLOCK_M unused); "cuda_warpgroup": its warpgroup-MMA form
-    (``split_kv_partial_warpgroup``, sm_90: the query rows as the MMA's N, padded to 32, 48 or 72;
-    ``tile_size`` must be its 64 keys; ``num_stages`` the ring depth; BLOCK_M and ``num_warps``
-    unused). The same reduce follows.
+    above); "cuda": radiance-kernels' ``split_kv_partial`` (the same algebra, mma.sync with the
+    query rows padded to 16 instead of BLOCK_M, the KV tile's keys split over warps: ``num_warps``
+    is its key warps (None: tile / 32, at least 1), each taking ``tile_size / num_warps`` keys (16
+    or 32) of a tile, ``num_stages`` its ring depth, BLOCK_M unused); "cuda_warpgroup": its
+    warpgroup-MMA form (``split_kv_partial_warpgroup``, sm_90: the query rows as the MMA's N,
+    padded to 16, 32, 40, 48 or 72; ``tile_size`` must be its 64 keys; ``num_stages`` the ring
+    depth; BLOCK_M and ``num_warps`` unused). The same reduce follows.
     """
     import torch
 

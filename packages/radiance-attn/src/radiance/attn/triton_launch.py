@@ -471,8 +471,7 @@ def on_triton_pass(launch: policy.TritonLaunch, q_per_kv: int) -> policy.TritonL
 def on_vllms_kernel(launch: policy.TritonLaunch, q_per_kv: int) -> policy.TritonLaunch:
     """The same launch shape on vLLM's kernel, which takes every call radiance's may refuse (its
     options of radiance's kernel dropped, BLOCK_Q back to BLOCK_M's)."""
-    return replace(launch, kernel="vllm", partial_pass="triton", table_ahead=False,
-                   block_q=max(1, launch.block_m // q_per_kv))
+    return replace(on_triton_pass(launch, q_per_kv), kernel="vllm", table_ahead=False)
 
 
 def _usable_scratch(t, device) -> bool:
