@@ -28,8 +28,9 @@ needs_gemm_cpu_path = pytest.mark.xfail(
     reason="stock vLLM CPU block-FP8 needs AMX; radiance-gemm's CPU provider serves it",
     strict=False,
 )
-# Stock vLLM 0.32 on CPU builds no FP8 MoE method ("Unsupported FP8 MoE backend: NONE"), and
-# radiance-gemm serves linears, not fused experts: only the fully quantized MoE kind hits this.
+# Stock vLLM 0.32 on a CPU without AMX builds no FP8 MoE method ("Unsupported FP8 MoE backend:
+# NONE"; its CPU FP8 experts need AMX), and radiance-gemm serves linears, not fused experts: only
+# the fully quantized MoE kind hits this.
 NO_CPU_FP8_MOE = "Unsupported FP8 MoE backend"
 
 CASES = [pytest.param(kind, "bf16", id=f"{kind}-bf16") for kind in tm.KINDS] + [
@@ -65,6 +66,7 @@ def test_tiny_model_generates(kind, dtype):
     )
     if result["returncode"] != 0 and kind == "qwen3_next_moe" and dtype == "fp8_block":
         assert NO_CPU_FP8_MOE in result["log"], result["log"][-6000:]
-        pytest.xfail("stock vLLM has no CPU FP8 MoE backend and radiance-gemm serves linears only")
+        pytest.xfail("stock vLLM has no FP8 MoE experts for this CPU (they need AMX) and "
+                     "radiance-gemm serves linears only")
     assert result["returncode"] == 0, result["log"][-6000:]
     _check_greedy_generation(result, vocab_size)

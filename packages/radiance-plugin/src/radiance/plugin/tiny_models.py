@@ -33,7 +33,7 @@ GDN's ``b``/``a`` projections (a few outputs per head, not a multiple of 128), w
 with the FP8 method unless they are named in ``modules_to_not_convert``. In ``qwen3_next_dense``
 the one obligatory MoE block (experts and shared expert) is listed there too and stays bf16, so
 that kind needs only block-FP8 linears; ``qwen3_next_moe`` quantizes its experts like the
-released FP8 checkpoint (stock vLLM 0.32 has no CPU FP8 MoE backend for it).
+released FP8 checkpoint (stock vLLM 0.32 serves FP8 experts on CPU only where it has AMX).
 
 Weights are drawn from a generator seeded per kind, so a kind's bf16 and fp8 directories hold the
 same master weights (the fp8 one quantized), on every machine.
@@ -237,8 +237,8 @@ def _not_converted(kind: str, config: dict) -> list[str]:
             names.append(f"{p}.linear_attn.in_proj_ba")
         if kind == "qwen3_next_dense" and is_moe_layer(config, i):
             # The one MoE block the dense kind carries only because vLLM needs it stays bf16:
-            # vLLM has no CPU FP8 MoE backend, and a bf16 block keeps this kind servable in FP8
-            # wherever block-FP8 linears are.
+            # vLLM's CPU FP8 MoE experts need AMX, and a bf16 block keeps this kind servable in
+            # FP8 wherever block-FP8 linears are.
             names.append(f"{p}.mlp.experts")
             names += [f"{p}.mlp.shared_expert.{m}" for m in ("gate_proj", "up_proj", "down_proj")]
     return names
