@@ -123,6 +123,22 @@ def test_key_changes_with_sources_arch_and_compiler(tmp_path):
 
 
 @needs_nvcc
+def test_extra_flags_reach_every_command_and_the_cache_key(tmp_path, monkeypatch):
+    src = _write(tmp_path / "a", GOOD)
+    plain = library.make_spec(library.find_nvcc(), ARCH, library.source_files(src))
+    monkeypatch.setenv(library.EXTRA_FLAGS_ENV, "-lineinfo '-DRADIANCE_SOME_VARIANT=1'")
+    nvcc = library.find_nvcc()
+    assert nvcc.flags[-2:] == ("-lineinfo", "-DRADIANCE_SOME_VARIANT=1")
+    spec = library.make_spec(nvcc, ARCH, library.source_files(src))
+    assert spec.key != plain.key
+    for cmd in (nvcc.compile_command(src / "tiny.cu", ARCH, tmp_path / "o"),
+                nvcc.link_command([tmp_path / "o"], ARCH, tmp_path / "lib.so")):
+        assert "-lineinfo" in cmd and "-DRADIANCE_SOME_VARIANT=1" in cmd
+    lib = library.build(spec, tmp_path / "cache")  # a real compile with the flags
+    assert json.loads((lib.parent / "build.json").read_text())["flags"][-2:] == list(nvcc.flags[-2:])
+
+
+@needs_nvcc
 def test_recorded_hash_mismatch_or_tampered_library_is_rebuilt(tmp_path, counted):
     spec = _spec(_write(tmp_path / "src", GOOD))
     lib = library.build(spec, tmp_path / "cache")
@@ -308,14 +324,14 @@ def test_prebuilt_library_serves_without_a_compiler(prebuilt, tmp_path, monkeypa
 
 
 @needs_nvcc
-@pytest.mark.parametrize("change", ["sources", "library", "abi", "arch", "switched_off"])
+@pytest.mark.parametrize("change", ["sources", "library", "abi", "arch", "switched_off", "extra_flags"])
 def test_prebuilt_library_that_cannot_serve_falls_through_to_the_jit_build(prebuilt, tmp_path, monkeypatch,
                                                                              change):
     src, out_dir = prebuilt
     meta = out_dir / "build.json"
     record = json.loads(meta.read_text())
     why = {"sources": "other sources", "library": "digest", "abi": "ABI", "arch": "ABI",
-           "switched_off": "RADIANCE_KERNELS_PREBUILT=0"}[change]
+           "switched_off": "RADIANCE_KERNELS_PREBUILT=0", "extra_flags": library.EXTRA_FLAGS_ENV}[change]
     if change == "sources":  # the installed sources changed after the wheel was built
         (src / "portable.h").write_text("// edited after the build\n")
     elif change == "library":
@@ -325,6 +341,8 @@ def test_prebuilt_library_that_cannot_serve_falls_through_to_the_jit_build(prebu
         meta.write_text(json.dumps(dict(record, abi_version=library.ABI_VERSION - 1)))
     elif change == "arch":
         meta.write_text(json.dumps(dict(record, arch="89")))
+    elif change == "extra_flags":  # the prebuilt library was built without them
+        monkeypatch.setenv(library.EXTRA_FLAGS_ENV, "-DRADIANCE_SOME_VARIANT=1")
     else:
         monkeypatch.setenv("RADIANCE_KERNELS_PREBUILT", "0")
     path, reason = library.prebuilt_library("cuda", ARCH)

@@ -18,6 +18,10 @@ library is loaded from there, with no compiler, when its record names these exac
 this ABI and its digest matches (``RADIANCE_KERNELS_PREBUILT=0`` skips them). Anything else
 falls through to the JIT build.
 
+``RADIANCE_KERNELS_EXTRA_FLAGS`` (shell words) is appended to every compile and link command,
+for instance ``-lineinfo`` for a profiler's source view, or a ``-D`` that turns on a kernel
+variant; the flags are part of the cache key, and a prebuilt library is not used while it is set.
+
 A failed build is logged once with the compiler's message, the ops fall back to the reference
 and the registry says why; ``RADIANCE_STRICT=1`` raises instead.
 """
@@ -29,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -193,10 +198,18 @@ def _nvcc_flags(nvcc: Path) -> tuple[str, ...]:
     return ()
 
 
+EXTRA_FLAGS_ENV = "RADIANCE_KERNELS_EXTRA_FLAGS"
+
+
+def extra_flags() -> tuple[str, ...]:
+    """The user's extra compiler flags (``RADIANCE_KERNELS_EXTRA_FLAGS``, shell words)."""
+    return tuple(shlex.split(os.environ.get(EXTRA_FLAGS_ENV, "")))
+
+
 def find_nvcc() -> Toolchain | None:
     for cand in _nvcc_candidates():
         if cand.is_file() and os.access(cand, os.X_OK):
-            return Toolchain("nvcc", str(cand), _version(str(cand)), _nvcc_flags(cand))
+            return Toolchain("nvcc", str(cand), _version(str(cand)), _nvcc_flags(cand) + extra_flags())
     return None
 
 
@@ -212,7 +225,7 @@ def find_hipcc() -> Toolchain | None:
     for cand in cands:
         if cand.is_file() and os.access(cand, os.X_OK):
             env = (("HIP_PLATFORM", "amd"),)
-            return Toolchain("hipcc", str(cand), _version(str(cand), env), (), env)
+            return Toolchain("hipcc", str(cand), _version(str(cand), env), extra_flags(), env)
     return None
 
 
@@ -385,6 +398,8 @@ def prebuilt_library(vendor: str, arch: str, root: Path | None = None) -> tuple[
     whose sources were changed after the build, or a damaged file, falls through to the JIT."""
     if os.environ.get("RADIANCE_KERNELS_PREBUILT", "1") == "0":
         return None, "RADIANCE_KERNELS_PREBUILT=0"
+    if extra_flags():
+        return None, f"{EXTRA_FLAGS_ENV} is set (the prebuilt library was built without those flags)"
     out_dir = (PREBUILT_DIR if root is None else root) / f"{vendor}-{arch}"
     lib, meta = out_dir / LIB_NAME, out_dir / "build.json"
     if not lib.is_file() or not meta.is_file():
