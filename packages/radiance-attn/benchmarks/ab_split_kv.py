@@ -13,6 +13,10 @@ two builds and then ``compare`` gives, per point, the new build's time over the 
     done
     python benchmarks/ab_split_kv.py compare ab.jsonl --base base --new new --md ab.md
 
+A variant the sources build behind a switch (``RADIANCE_WG_COPIES_UNDER_MMA`` in the warpgroup
+pass) is the same tree with ``RADIANCE_KERNELS_EXTRA_FLAGS=-D...`` on the new side's ``time``
+(radiance-kernels builds and caches it apart).
+
 Points: every row of ``results/split_kv_warpgroup_probe.json`` (the warpgroup pass) and
 ``results/split_kv_cuda_probe.json`` (the mma.sync pass), each with the launch that won there,
 timed as the probes time them (medians of CUDA-graph replays, KV rotated past L2). What the
