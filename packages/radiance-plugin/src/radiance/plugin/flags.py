@@ -28,6 +28,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("RADIANCE_KERNELS_PREBUILT", "1", "kernels",
          "0: ignore kernel libraries a wheel carries prebuilt (RADIANCE_KERNELS_AOT_ARCHS at its "
          "build) and build on first use"),
+    Flag("RADIANCE_KERNELS_EXTRA_FLAGS", "(unset)", "kernels",
+         "extra compiler flags (shell words) for the kernel build on first use, e.g. -lineinfo; "
+         "part of the cache key; while set, prebuilt libraries are not used"),
     Flag("RADIANCE_GEMM_PROVIDER", "(unset)", "gemm",
          "force one block-FP8 GEMM provider for every M it serves (e.g. triton_splitk for "
          "M <= 16, the normal route above); an unknown name raises"),
