@@ -263,19 +263,15 @@ def test_class_rules_are_fitted_per_context_band_and_the_table_tells_them_apart(
                                                                          "rule": long}]}}
     tables.validate(truth)
     points = [dict(p, **_timed(truth, p)) for p in _points()]
-    fitted, regret = {}, 0.0
-    for band in bands:
-        pts = [p for p in points if tables.matches({"max_seqlen_k": band}, tune._geo(p, "sm_90"))]
-        fitted[tune._band_name(band)], score = tune.fit(pts, "sm_90", 8, 9)
-        regret += len(pts) * math.log1p(score["mean_regret_pct"] / 100)
-    short_rule, long_rule = fitted[tune._band_name(bands[0])], fitted[tune._band_name(bands[1])]
+    table, fits = tune.fit_table(points, [KLASS], "sm_90", 8, 9, {})
+    short, long = (f"{KLASS.name}{tune._band_name(b)}" for b in bands)
+    assert [c["match"]["max_seqlen_k"] for c in table["triton"]["classes"]] == bands
+    short_rule, long_rule = (c["rule"] for c in table["triton"]["classes"])
     assert (short_rule["tile_3d"], short_rule["warps_3d"]) == (64, 8)
     assert (long_rule["tile_3d"], long_rule["warps_3d"]) == (32, 4)
-    one_rule, one_score = tune.fit(points, "sm_90", 8, 9)
-    assert regret < len(points) * math.log1p(one_score["mean_regret_pct"] / 100) / 2
-    table = tune.rule_table("sm_90", {f"c{n}": ({"head_size": 256, "max_seqlen_k": b}, fitted[tune._band_name(b)])
-                                      for n, b in enumerate(bands)}, one_rule, {})
-    tables.validate(table)
+    # two rules follow the points far closer than the one default rule fitted over all of them
+    regret = sum(fits[n]["points"] * math.log1p(fits[n]["mean_regret_pct"] / 100) for n in (short, long))
+    assert regret < len(points) * math.log1p(fits["default"]["mean_regret_pct"] / 100) / 2
     for p in (p for p in points if p["width"] == 1):  # the stock block: the band's base shape
         launch = policy.triton_launch(tune._geo(p, "sm_90"), table)
         assert launch.tile_size == (32 if p["ctx"] >= bands[1]["min"] else 64), p

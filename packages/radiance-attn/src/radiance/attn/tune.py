@@ -466,6 +466,27 @@ def _band_name(band: dict) -> str:
     return "".join(f" ctx>={v}" if k == "min" else f" ctx<{v}" for k, v in band.items())
 
 
+def fit_table(points: list[dict], classes, arch: str, max_seqs: int, max_q: int, meta: dict) -> tuple[dict, dict]:
+    """The arch's table fitted to measured points: a rule per class and context band (matched on
+    head size, KV heads, KV dtype and a max_seqlen_k range), the default fitted over every point;
+    returns (validated table, each rule's fit score by name)."""
+    rules, fits = {}, {}
+    bands = context_bands({p["ctx"] for p in points})
+    for k in classes:
+        for band in bands:
+            match = {"head_size": k.head_size, "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype}
+            match.update({"max_seqlen_k": band} if band else {})
+            pts = [p for p in points if p["class"] == k.name and tables.matches(match, _geo(p, arch))]
+            if pts:
+                rule, score = fit(pts, arch, max_seqs, max_q)
+                rules[k.name + _band_name(band)] = (match, rule)
+                fits[k.name + _band_name(band)] = score
+    default, fits["default"] = fit(points, arch, max_seqs, max_q) if points else (None, {})
+    table = rule_table(arch, rules, default, meta)
+    tables.validate(table)
+    return table, fits
+
+
 def rule_table(arch: str, rules: dict, default: dict, meta: dict) -> dict:
     return {"arch": arch, "provisional": False, "source": meta,
             "triton": {"default": default, "classes": [{"match": m, "rule": r} for m, r in rules.values()]}}
@@ -717,21 +738,7 @@ def main(argv=None) -> int:
     classes = classes_all
 
     # ---- fit -----------------------------------------------------------------------------------
-    max_seqs, max_q = max(grid["seqs"]), max(grid["width"])
-    rules, fits = {}, {}
-    bands = context_bands({p["ctx"] for p in points})
-    for k in classes:
-        for band in bands:
-            match = {"head_size": k.head_size, "num_kv_heads": k.num_kv_heads, "kv_dtype": k.kv_dtype}
-            match.update({"max_seqlen_k": band} if band else {})
-            pts = [p for p in points if p["class"] == k.name and tables.matches(match, _geo(p, arch))]
-            if pts:
-                rule, score = fit(pts, arch, max_seqs, max_q)
-                rules[k.name + _band_name(band)] = (match, rule)
-                fits[k.name + _band_name(band)] = score
-    default, fits["default"] = fit(points, arch, max_seqs, max_q) if points else (None, {})
-    table = rule_table(arch, rules, default, meta)
-    tables.validate(table)
+    table, fits = fit_table(points, classes, arch, max(grid["seqs"]), max(grid["width"]), meta)
     tdir = out / "tables"
     tdir.mkdir(exist_ok=True)
     table_path = tdir / tables.table_file(arch).name
