@@ -58,7 +58,7 @@ def launch_of(name: str, width: int, group: int) -> policy.TritonLaunch:
                                partial_pass="cuda")
 
 
-def time_points(label: str, out: Path, kernel_src: str, reps: int) -> int:
+def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(PROBES)) -> int:
     import torch
 
     from radiance.kernels import library
@@ -69,7 +69,7 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int) -> int:
         print(f"ab_split_kv: kernel library unavailable: {library.why_not(dev.index or 0)}")
         return 1
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
-    rows = [(form, r) for form, name in PROBES.items() for r in json.loads((RESULTS / name).read_text())["results"]]
+    rows = [(form, r) for form, name in PROBES.items() if form in forms for r in json.loads((RESULTS / name).read_text())["results"]]
     by_class = defaultdict(list)
     for form, r in rows:
         by_class[r["class"]].append((form, r))
@@ -152,6 +152,8 @@ def main(argv=None) -> int:
     t.add_argument("--out", required=True, type=Path)
     t.add_argument("--kernel-src", required=True)
     t.add_argument("--reps", type=int, default=2)
+    t.add_argument("--form", choices=tuple(PROBES), action="append",
+                   help="time only this pass's points (repeatable; default: both)")
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -159,7 +161,7 @@ def main(argv=None) -> int:
     c.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "time":
-        return time_points(args.label, args.out, args.kernel_src, args.reps)
+        return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES))
     return compare(args.jsonl, args.base, args.new, args.md)
 
 
