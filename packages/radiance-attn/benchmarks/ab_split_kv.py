@@ -21,7 +21,8 @@ Points: every row of ``results/split_kv_warpgroup_probe.json`` (the warpgroup pa
 ``results/split_kv_cuda_probe.json`` (the mma.sync pass), each with the launch that won there,
 timed as the probes time them (medians of CUDA-graph replays, KV rotated past L2). What the
 sm_90 table ships (radiance's Triton pass, the same code in both builds) is timed beside them in
-every process: its new/base ratio is the run's noise.
+every process: its new/base ratio is the run's noise. ``--form warpgroup`` (or ``mma_sync``) times
+one pass's points only, for a change to the other pass alone.
 """
 
 from __future__ import annotations
