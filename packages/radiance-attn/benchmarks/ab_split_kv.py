@@ -70,7 +70,8 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
         print(f"ab_split_kv: kernel library unavailable: {library.why_not(dev.index or 0)}")
         return 1
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
-    rows = [(form, r) for form, name in PROBES.items() if form in forms for r in json.loads((RESULTS / name).read_text())["results"]]
+    rows = [(form, r) for form, name in PROBES.items() if form in forms
+            for r in json.loads((RESULTS / name).read_text())["results"]]
     by_class = defaultdict(list)
     for form, r in rows:
         by_class[r["class"]].append((form, r))
