@@ -13,16 +13,17 @@ two builds and then ``compare`` gives, per point, the new build's time over the 
     done
     python benchmarks/ab_split_kv.py compare ab.jsonl --base base --new new --md ab.md
 
-A variant the sources build behind a switch (``RADIANCE_WG_COPIES_UNDER_MMA`` in the warpgroup
-pass) is the same tree with ``RADIANCE_KERNELS_EXTRA_FLAGS=-D...`` on the new side's ``time``
-(radiance-kernels builds and caches it apart).
+A variant the sources build behind a preprocessor switch is the same tree with
+``RADIANCE_KERNELS_EXTRA_FLAGS=-D...`` on the new side's ``time`` (radiance-kernels builds and
+caches it apart).
 
 Points: every row of ``results/split_kv_warpgroup_probe.json`` (the warpgroup pass) and
 ``results/split_kv_cuda_probe.json`` (the mma.sync pass), each with the launch that won there,
 timed as the probes time them (medians of CUDA-graph replays, KV rotated past L2). What the
-sm_90 table ships (radiance's Triton pass, the same code in both builds) is timed beside them in
-every process: its new/base ratio is the run's noise. ``--form warpgroup`` (or ``mma_sync``) times
-one pass's points only, for a change to the other pass alone.
+sm_90 table ships is timed beside them in every process; where that is radiance's Triton pass (the
+same code in both builds), its new/base ratio is noise, and so is the spread of one build's
+repetitions, which ``compare`` reports too. ``--form warpgroup`` (or ``mma_sync``) times one pass's
+points only, for a change to the other pass alone.
 """
 
 from __future__ import annotations
@@ -90,10 +91,13 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
                     kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"], kw["v_descale"], c, b.segm_out,
                     b.segm_max, b.segm_sum)
                 us = min(tune.time_graph([lambda kw=kw: run(kw) for kw in rs]) for _ in range(reps))
-                ship = min(tune.time_wrapper(shipped, b, sets)[0] for _ in range(reps))
+                ship_times = [tune.time_wrapper(shipped, b, sets) for _ in range(reps)]
+                ship = min(us for us, _ in ship_times)
+                ship_launch = ship_times[0][1]
                 f.write(json.dumps({"label": label, "library": Path(lib.path).parent.name, "form": form,
                                     "class": k.name, "ctx": r["ctx"], "seqs": r["seqs"], "width": r["width"],
                                     "launch": r["best"], "us": us, "shipped_us": ship,
+                                    "shipped_pass": ship_launch.partial_pass if ship_launch else "stock",
                                     "gpu": torch.cuda.get_device_name(dev)}) + "\n")
                 print(f"{label}: {form:9s} {k.name:14s} {r['ctx']:6d} x {r['seqs']} w{r['width']} {r['best']:22s} "
                       f"{us:8.1f} us (shipped {ship:8.1f})", flush=True)
@@ -103,6 +107,8 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
 
 def compare(path: Path, base: str, new: str, md: Path | None) -> int:
     best = defaultdict(dict)
+    runs = defaultdict(list)  # (key, label): each process's time of the point
+    same_code = {}  # key: whether the shipped launch is code both builds share (False: unknown)
     gpu = None
     libs = defaultdict(set)
     for line in path.read_text().splitlines():
@@ -110,12 +116,15 @@ def compare(path: Path, base: str, new: str, md: Path | None) -> int:
         key = (r["form"], r["class"], r["ctx"], r["seqs"], r["width"], r["launch"])
         for what in ("us", "shipped_us"):
             best[key][(r["label"], what)] = min(best[key].get((r["label"], what), float("inf")), r[what])
+        runs[(key, r["label"])].append(r["us"])
+        same_code[key] = same_code.get(key, True) and r.get("shipped_pass") in ("triton", "stock")
         libs[r["label"]].add(r["library"])
         gpu = r.get("gpu", gpu)
     lines = [f"# Split-KV partial passes: {new} build against {base} build, timed in one run ({gpu})", "",
              f"Libraries: {base} {sorted(libs[base])}, {new} {sorted(libs[new])}. Each point's launch is the one "
              "its probe chose; the faster of each build's repetitions (medians of CUDA-graph replays, KV rotated "
-             "past L2). shipped: the sm_90 table's launch (radiance's Triton pass, the same in both builds).", "",
+             "past L2). shipped: the sm_90 table's launch through radiance's wrapper (the Triton pass, or a "
+             "radiance-kernels pass where the table ships one: there it changes with the build).", "",
              f"| pass | class | ctx | seqs | width | launch | {base} µs | {new} µs | {new}/{base} | shipped {new}/{base} |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     ratios = defaultdict(list)
@@ -127,7 +136,8 @@ def compare(path: Path, base: str, new: str, md: Path | None) -> int:
         ratio = v[(new, "us")] / v[(base, "us")]
         ship = v[(new, "shipped_us")] / v[(base, "shipped_us")]
         ratios[(key[0], key[1], key[4])].append(ratio)
-        noise.append(ship)
+        if same_code[key]:
+            noise.append(ship)
         form, cls, ctx, seqs, width, launch = key
         lines.append(f"| {form} | {cls} | {ctx} | {seqs} | {width} | {launch} | {v[(base, 'us')]:.1f} | "
                      f"{v[(new, 'us')]:.1f} | {ratio:.3f} | {ship:.3f} |")
@@ -136,9 +146,16 @@ def compare(path: Path, base: str, new: str, md: Path | None) -> int:
     for (form, cls, width), rs in sorted(ratios.items()):
         gm = statistics.geometric_mean(rs)
         lines.append(f"| {form} | {cls} | {width} | {len(rs)} | {gm:.3f} | {min(rs):.3f}-{max(rs):.3f} |")
+    lines += ["", "Noise:"]
+    for label in (base, new):
+        spread = [max(ts) / min(ts) for (_, lb), ts in runs.items() if lb == label and len(ts) > 1]
+        if spread:
+            lines.append(f"- {label}'s repetitions (slowest over fastest process, a point): geometric mean "
+                         f"{statistics.geometric_mean(spread):.3f}, largest {max(spread):.3f} over {len(spread)} points.")
     if noise:
-        lines += ["", f"Shipped launch {new}/{base} (noise): geometric mean {statistics.geometric_mean(noise):.3f}, "
-                      f"range {min(noise):.3f}-{max(noise):.3f} over {len(noise)} points."]
+        lines.append(f"- the shipped launch where both builds run the same code (the Triton pass), {new}/{base}: "
+                     f"geometric mean {statistics.geometric_mean(noise):.3f}, range {min(noise):.3f}-{max(noise):.3f} "
+                     f"over {len(noise)} points.")
     text = "\n".join(lines) + "\n"
     print(text)
     if md is not None:

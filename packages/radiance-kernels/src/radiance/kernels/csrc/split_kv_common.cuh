@@ -79,22 +79,8 @@ RAD_DEVICE void copy_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
-// Waits until at most `pending` (<= MAX) copy groups are in flight: stages - 2 with a group a
-// tile (MAX 3), 2 stages - 3 with a tile's K and V rows in groups of their own (KvRing::kKeys,
-// kValues; MAX 7); stages 2-5.
-template <int MAX = 3>
+// Waits until at most `pending` copy groups are in flight (pending = stages - 2, stages 2-5).
 RAD_DEVICE void copy_wait_pending(int pending) {
-  if constexpr (MAX > 3) {
-    if (pending > 3) {
-      switch (pending) {
-        case 4: copy_wait<4>(); break;
-        case 5: copy_wait<5>(); break;
-        case 6: copy_wait<6>(); break;
-        default: copy_wait<7>(); break;
-      }
-      return;
-    }
-  }
   switch (pending) {
     case 0: copy_wait<0>(); break;
     case 1: copy_wait<1>(); break;
@@ -276,11 +262,6 @@ struct KvRing {
   }
   // Tile t's K rows; its V rows follow at + tile * RB.
   RAD_DEVICE uint8_t* stage(int t) const { return ring + slot_of(t) * 2 * tile * RB; }
-  // Which of a tile's rows an issue copies: both (one copy group a tile), or the K rows and the V
-  // rows apart, each into a group of its own, so each can be issued where the math leaves the
-  // threads waiting (the warpgroup pass: K under the first product, V under the second).
-  static constexpr int kKeys = 1, kValues = 2, kBoth = 3;
-  template <int PARTS = kBoth>
   RAD_DEVICE void issue(int t) const {
     const int slot = slot_of(t);
     const uint32_t kbase = shared_address(ring + slot * 2 * tile * RB), vbase = kbase + tile * RB;
@@ -294,14 +275,13 @@ struct KvRing {
       static_assert(TILE % (THREADS / TPR) == 0, "the copying threads cover a tile in whole passes");
 #pragma unroll
       for (int pass = 0; pass < TILE / (THREADS / TPR); ++pass)
-        issue_row<PARTS>(t, (int)threadIdx.x / TPR + pass * (THREADS / TPR), copy_sub, kbase, vbase, ent, k_head,
-                         v_head, block_mask);
+        issue_row(t, (int)threadIdx.x / TPR + pass * (THREADS / TPR), copy_sub, kbase, vbase, ent, k_head, v_head,
+                  block_mask);
     } else {
       for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass)
-        issue_row<PARTS>(t, row, copy_sub, kbase, vbase, ent, k_head, v_head, block_mask);
+        issue_row(t, row, copy_sub, kbase, vbase, ent, k_head, v_head, block_mask);
     }
   }
-  template <int PARTS>
   RAD_DEVICE void issue_row(int t, int row, int copy_sub, uint32_t kbase, uint32_t vbase, const int* ent,
                             const uint8_t* k_head, const uint8_t* v_head, int block_mask) const {
     const int key = t * tile + row;
@@ -315,14 +295,12 @@ struct KvRing {
 #pragma unroll
     for (int c = 0; c < RC / TPR; ++c) {
       const int chunk = copy_sub + c * TPR;
-      if constexpr ((PARTS & kKeys) != 0) copy16(kbase + swizzled(row, chunk, RB), ksrc + 16 * chunk, valid);
-      if constexpr ((PARTS & kValues) != 0) copy16(vbase + swizzled(row, chunk, RB), vsrc + 16 * chunk, valid);
+      copy16(kbase + swizzled(row, chunk, RB), ksrc + 16 * chunk, valid);
+      copy16(vbase + swizzled(row, chunk, RB), vsrc + 16 * chunk, valid);
     }
   }
   // The first `stages` tiles' entries (their loads in flight together), then stages - 1 tiles'
-  // copies, one commit group each (SPLIT: a group for a tile's K rows, then one for its V rows).
-  // Returns the next tile to issue.
-  template <bool SPLIT = false>
+  // copies, one commit group each. Returns the next tile to issue.
   RAD_DEVICE int start() const {
     int first[5];
 #pragma unroll
@@ -333,13 +311,7 @@ struct KvRing {
     __syncthreads();
     int next = lo;
     for (int s = 0; s < stages - 1; ++s) {
-      if constexpr (SPLIT) {
-        if (next < hi) issue<kKeys>(next);
-        copy_commit();
-        if (next < hi) issue<kValues>(next);
-      } else {
-        if (next < hi) issue(next);
-      }
+      if (next < hi) issue(next);
       ++next;
       copy_commit();
     }

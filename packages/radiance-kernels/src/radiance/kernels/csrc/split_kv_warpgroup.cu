@@ -41,18 +41,6 @@ namespace {
 constexpr int kWgTile = 64;      // keys a KV tile: the first product's M
 constexpr int kWgThreads = 128;  // one warpgroup
 
-// Where a tile's KV copies are issued. 0 (the default, measured): the next tile's K and V rows at
-// the top of each tile, one copy group, before the first product. 1 (an experiment, not yet
-// measured on a GPU; radiance-attn's split_kv_kernel.md, section 12): its K rows while this
-// tile's first product runs and its V rows while the second runs, a copy group each, so the
-// ~200 instructions a thread of the copy issue run under the asynchronous MMAs instead of
-// heading the tile's dependent chain (at one block an SM a tile takes ~1.2-1.8 us at 16 rows,
-// about 2,500-3,500 cycles of one warpgroup's latency).
-#ifndef RADIANCE_WG_COPIES_UNDER_MMA
-#define RADIANCE_WG_COPIES_UNDER_MMA 0
-#endif
-constexpr bool kCopiesUnderMma = RADIANCE_WG_COPIES_UNDER_MMA != 0;
-
 __host__ __device__ constexpr bool wg_cols_ok(int nt) { return nt == 2 || (nt >= 4 && nt <= 6) || nt == 9; }
 // Byte offsets from the block's 1024-byte-aligned base: Q^T operand [head / 64][N][128 B], P^T
 // operand [N][128 B], each warp's column maxima [4][N], the running maxima [2][N], the query rows'
@@ -225,9 +213,8 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   const int q_start = blk.q_start, context = blk.context, lo = blk.lo, hi = blk.hi;
   const int rows = blk.rows;  // real columns; the rest pad
 
-  using Ring = KvRing<HEAD, RB, kWgThreads, kWgTile>;
-  const Ring kv(p, blk, ring, entries, tile);
-  int next_tile = kv.template start<kCopiesUnderMma>();
+  const KvRing<HEAD, RB, kWgThreads, kWgTile> kv(p, blk, ring, entries, tile);
+  int next_tile = kv.start();
 
   // ---- query rows as the first product's B operand (16 elements a thread), their multipliers ----
   {
@@ -263,19 +250,13 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   for (int j = 0; j < NT; ++j) sum[j][0] = sum[j][1] = 0.f;
   const int first_end = context + q_block * p.block_q + 1;  // keys the block's first row sees
 
-  // With the copies under the MMAs a tile's K rows and its V rows are copy groups of their own,
-  // each needed a tile after it is issued (K at the top of the next iteration, V before its second
-  // product); at either wait the groups committed after the one needed are 2 (stages - 2) + 1.
-  const int pending = kCopiesUnderMma ? 2 * stages - 3 : stages - 2;
   for (int t = lo; t < hi; ++t) {
-    copy_wait_pending<kCopiesUnderMma ? 7 : 3>(pending);
-    __syncthreads();  // tile t (its K rows) landed everywhere; tile t - 1's buffer is free
-    const bool refill = next_tile < hi;
-    if constexpr (!kCopiesUnderMma) {
-      if (refill) kv.issue(next_tile);
-    }
+    copy_wait_pending(stages - 2);
+    __syncthreads();  // tile t landed everywhere; tile t - 1's buffer is free
+    if (next_tile < hi) kv.issue(next_tile);
     const int ahead = kv.entry(next_tile + 1);
-    if constexpr (!kCopiesUnderMma) copy_commit();
+    ++next_tile;
+    copy_commit();
     const uint32_t k_s = shared_address(kv.stage(t)), v_s = k_s + tile * RB;
     const int par = (t - lo) & 1;
 
@@ -294,10 +275,6 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
       for (int st = 0; st < 4; ++st)
         wgmma_rs<NT, DOT_BF16>(s, a[st], q_desc + ((grp * (N * 128) + st * 32) >> 4), grp + st > 0);
       wgmma_commit();
-    }
-    if constexpr (kCopiesUnderMma) {
-      if (refill) kv.template issue<Ring::kKeys>(next_tile);  // into tile t - 1's K buffer
-      copy_commit();
     }
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -407,9 +384,8 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
           o[mb][j][3] *= alpha[j][1];
         }
     }
-    if constexpr (kCopiesUnderMma) copy_wait_pending<7>(pending);  // tile t's V rows
     fence_proxy_async();
-    __syncthreads();  // P is in shared memory (and tile t's V rows everywhere)
+    __syncthreads();  // P is in shared memory
 
     // O^T += V^T P^T: warp w's 16 head rows of each 64-row block as A, 16 keys a step; one
     // 64-row block a group, its fragments loaded as the first product's are.
@@ -423,11 +399,6 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
         wgmma_rs<NT, DOT_BF16>(o[mb], a[ks], p_desc + ks * 2, 1);
       wgmma_commit();
     }
-    if constexpr (kCopiesUnderMma) {
-      if (refill) kv.template issue<Ring::kValues>(next_tile);  // into tile t - 1's V buffer
-      copy_commit();
-    }
-    ++next_tile;
     // Retired here, not under the next tile's first product: with the PV groups in flight across
     // the loop's back edge, ptxas serializes every wgmma (C7513).
     wgmma_wait<0>();
