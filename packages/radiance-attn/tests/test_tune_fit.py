@@ -111,9 +111,8 @@ def test_the_sweep_leaves_out_what_the_warpgroup_pass_refuses(monkeypatch):
     assert all(key.endswith("_wg_rk") for _, key in refused)
 
 
-def test_extending_a_merged_point_times_what_it_lacks_and_its_best_again(monkeypatch):
-    """--extend: a point swept before the warpgroup shapes existed gets them timed, and its best
-    launch again beside them; the rest of its candidates stay as measured."""
+def _every_candidate_takes_5us(monkeypatch):
+    """A bench for extend_point whose every candidate times 5 µs (the warpgroup pass refusing none)."""
     import torch
 
     from radiance.attn import split_kv_kernel
@@ -128,11 +127,18 @@ def test_extending_a_merged_point_times_what_it_lacks_and_its_best_again(monkeyp
         def radiance_kwargs(self, kw):
             return kw
 
+    return FakeBench()
+
+
+def test_extending_a_merged_point_times_what_it_lacks_and_its_best_again(monkeypatch):
+    """--extend: a point swept before the warpgroup shapes existed gets them timed, and its best
+    launch again beside them; the rest of its candidates stay as measured."""
+    bench = _every_candidate_takes_5us(monkeypatch)
     every = tune.candidate_launches(KLASS, 32768, 8, 9)
     before = {tune._key(c): 10.0 + i for i, c in enumerate(every) if c.partial_pass == "triton"}
     old_best = min(before, key=before.get)
     p = {"ctx": 32768, "seqs": 8, "width": 9, "candidates": dict(before), "best": old_best, "best_us": 10.0}
-    n = tune.extend_point(p, None, KLASS, FakeBench(), {}, {})
+    n = tune.extend_point(p, None, KLASS, bench, {}, {})
     wg = {tune._key(c) for c in every if c.partial_pass == "cuda_warpgroup"}
     assert wg and set(p["extended"]) == wg | {old_best} and n == len(wg) + 1
     assert p["candidates"][old_best] == 5.0 and p["best_us"] == 5.0
@@ -282,3 +288,20 @@ def test_a_match_range_must_be_numeric_bounds():
         {"match": {"max_seqlen_k": {"above": 5}}, "rule": _truth()}]}}
     with pytest.raises(ValueError, match="match range"):
         tables.validate(bad)
+
+
+def test_extending_with_retime_times_the_matching_candidates_again(monkeypatch):
+    """--retime: after a change to the warpgroup pass, its merged candidates are timed again with
+    the ones the point lacks; the others keep their times."""
+    import re
+
+    bench = _every_candidate_takes_5us(monkeypatch)
+    every = tune.candidate_launches(KLASS, 32768, 8, 9)
+    before = {tune._key(c): 10.0 + i for i, c in enumerate(every)}
+    old_best = min(before, key=before.get)
+    p = {"ctx": 32768, "seqs": 8, "width": 9, "candidates": dict(before), "best": old_best, "best_us": 10.0}
+    tune.extend_point(p, None, KLASS, bench, {}, {}, re.compile("_wg_rk$"))
+    wg = {key for key in before if key.endswith("_wg_rk")}
+    assert wg and set(p["extended"]) == wg | {old_best}
+    assert all(p["candidates"][key] == 5.0 for key in wg)
+    assert all(p["candidates"][key] == t for key, t in before.items() if key not in wg | {old_best})

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -314,13 +315,19 @@ def time_candidates(runner: RadianceUnifiedAttention, k: Klass, b: "Bench", sets
     return cands
 
 
+def _needs_timing(p: dict, key: str, retime) -> bool:
+    """Whether --extend times candidate ``key`` of merged point ``p``: one it lacks, its best, and
+    any whose key ``retime`` (a compiled regex, or None) matches (code changed since it was timed)."""
+    return key not in p["candidates"] or key == p["best"] or (retime is not None and retime.search(key) is not None)
+
+
 def extend_point(p: dict, runner: RadianceUnifiedAttention, k: Klass, b: "Bench", unbuilt: dict,
-                 refused: dict) -> int:
-    """Time the candidates a merged point lacks (a launch shape added since it was swept) and its
-    best one again, so the choice between the two rests on times of one run; updates the point's
-    candidates and best, records what was timed in ``p["extended"]``; returns how many."""
-    launches = [c for c in candidate_launches(k, p["ctx"], p["seqs"], p["width"])
-                if _key(c) not in p["candidates"] or _key(c) == p["best"]]
+                 refused: dict, retime=None) -> int:
+    """Time the candidates a merged point lacks (a launch shape added since it was swept), those
+    ``retime`` matches, and its best one again, so the choice between them rests on times of one
+    run; updates the point's candidates and best, records what was timed in ``p["extended"]``;
+    returns how many."""
+    launches = [c for c in candidate_launches(k, p["ctx"], p["seqs"], p["width"]) if _needs_timing(p, _key(c), retime)]
     new = time_candidates(runner, k, b, b.point(p["ctx"], p["seqs"], p["width"]), launches, unbuilt, refused)
     p["candidates"] = {**p["candidates"], **new}
     p["best"] = min(p["candidates"], key=p["candidates"].get)
@@ -620,6 +627,9 @@ def main(argv=None) -> int:
     ap.add_argument("--extend", default="", metavar="CLASSES",
                     help="comma list of --merge'd classes whose points get the candidates they lack timed "
                          "(a new launch shape), keeping the ones measured before")
+    ap.add_argument("--retime", metavar="REGEX",
+                    help="with --extend: also time again the merged candidates whose key matches (e.g. "
+                         "'_wg_rk$', the warpgroup pass, after a change to it)")
     ap.add_argument("--fit-only", action="store_true",
                     help="sweep nothing: fit the --merge'd points and time the fitted table against stock")
     args = ap.parse_args(argv)
@@ -628,6 +638,9 @@ def main(argv=None) -> int:
     extend = set(filter(None, args.extend.split(",")))
     if extend and not args.merge:
         ap.error("--extend needs --merge")
+    if args.retime and not extend:
+        ap.error("--retime needs --extend")
+    retime = re.compile(args.retime) if args.retime else None
     if extend - {c.name for c in CLASSES}:
         ap.error(f"unknown classes {sorted(extend - {c.name for c in CLASSES})}")
     torch = _torch()
@@ -705,11 +718,12 @@ def main(argv=None) -> int:
               f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
     to_extend = [p for p in merged if p["class"] in extend]
     if to_extend:  # build the added launch shapes in parallel first, as the sweep does
-        by_point = {(p["class"], p["ctx"], p["seqs"], p["width"]): p["candidates"] for p in to_extend}
+        by_point = {(p["class"], p["ctx"], p["seqs"], p["width"]): p for p in to_extend}
         pre = precompile(str(args.kernel_src), [(next(c for c in CLASSES if c.name == p["class"]), p["ctx"], p["seqs"],
                                                  p["width"]) for p in to_extend], args.jobs,
-                         launches=lambda k, ctx, seqs, width: [c for c in candidate_launches(k, ctx, seqs, width)
-                                                               if _key(c) not in by_point[(k.name, ctx, seqs, width)]])
+                         launches=lambda k, ctx, seqs, width: [
+                             c for c in candidate_launches(k, ctx, seqs, width)
+                             if _needs_timing(by_point[(k.name, ctx, seqs, width)], _key(c), retime)])
         print(f"precompiled the added candidates in {pre:.0f}s")
     added = 0
     for p in to_extend:
@@ -721,11 +735,11 @@ def main(argv=None) -> int:
             by_class.clear()
             torch.cuda.empty_cache()
             by_class[k.name] = Bench(module, k, max(grid["ctx"]) * max(grid["seqs"]), device)
-        added += extend_point(p, runner, k, by_class[k.name], unbuilt, refused)
+        added += extend_point(p, runner, k, by_class[k.name], unbuilt, refused, retime)
         print(f"  {k.name:14s} ctx={p['ctx']:6d} seqs={p['seqs']} w={p['width']}: {len(p['extended'])} candidates "
               f"timed, best {p['best_us']:8.1f} us ({p['best']})", flush=True)
     if extend:
-        meta["extended"] = {"classes": sorted(extend), "candidates_timed": added}
+        meta["extended"] = {"classes": sorted(extend), "candidates_timed": added, "retimed": args.retime}
     if skipped:
         print(f"budget {args.budget_s:.0f}s reached: {skipped} points not measured")
     for (name, key), why in sorted(unbuilt.items()):

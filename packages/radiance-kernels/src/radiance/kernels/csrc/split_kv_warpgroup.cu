@@ -26,12 +26,12 @@
 //
 // Query rows and P are stored K-major with the 128-byte swizzle (wgmma.cuh); the KV ring is
 // split_kv_common.cuh's. Shared memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks
-// an SM. That instance holds 144 + 36 fp32 accumulators a thread and, with every MMA group's A
-// fragments in registers of their own, ptxas serializes its wgmmas (C7512, registers). Both
-// remedies measured slower: two fragment buffers a product (the next group's converted once the
-// group before has retired) 1-2% there and 1-3% at 32 and 48 rows, where nothing was serialized
-// (split_kv_kernel.md, section 11); two blocks each holding half of O^T compute S^T twice and
-// measured 1.2-1.9x slower (section 10). Both files are radiance-attn's.
+// an SM. That instance holds 144 + 36 fp32 accumulators a thread, too many for every MMA group's
+// A fragments in registers of their own: it retires each group before loading the next
+// (wg_retire_each_group), 3-9% faster than the wgmmas ptxas otherwise serializes (C7512). Two
+// other remedies measured slower: two fragment buffers a product (the next group's converted once
+// the group before has retired; split_kv_kernel.md, section 11), and two blocks each holding half
+// of O^T, which compute S^T twice (section 10). Both files are radiance-attn's.
 #include "split_kv_common.cuh"
 #include "wgmma.cuh"
 
@@ -40,6 +40,15 @@ namespace {
 
 constexpr int kWgTile = 64;      // keys a KV tile: the first product's M
 constexpr int kWgThreads = 128;  // one warpgroup
+
+// Whether a product's MMA groups are retired one at a time: a group's four wgmmas pipelined, then
+// a wait before the next group's fragments are loaded into the same registers. Only at head 256 x
+// 72 rows, where the 144 + 36 accumulators a thread leave no room for every group's fragments in
+// registers of their own and ptxas would serialize all 32 wgmmas of a tile (C7512: a wait after
+// each; 26% of the warp stall samples at 8 x 128K); retired a group at a time there are 8 waits
+// a tile and no spills on fp8 KV (split_kv_kernel.md, section 13). Elsewhere a group's MMAs run
+// under the next group's fragment loads.
+__host__ __device__ constexpr bool wg_retire_each_group(int head, int nt) { return head == 256 && nt == 9; }
 
 __host__ __device__ constexpr bool wg_cols_ok(int nt) { return nt == 2 || (nt >= 4 && nt <= 6) || nt == 9; }
 // Byte offsets from the block's 1024-byte-aligned base: Q^T operand [head / 64][N][128 B], P^T
@@ -193,6 +202,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   constexpr int N = 8 * NT;
   constexpr int RB = HEAD * (FP8 ? 1 : 2);  // bytes a key row in the ring
   constexpr int MB = HEAD / 64;             // 64-row blocks of O^T
+  constexpr bool RETIRE_EACH_GROUP = wg_retire_each_group(HEAD, NT);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* const smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   uint8_t* const sq = smem;
@@ -263,8 +273,8 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
     // S^T = K Q^T: warp w's 16 keys as A, 16 head elements a step, a group of four steps (64 head
     // elements) a commit. A group's A fragments are all converted before its MMAs are issued (a
     // register written between two wgmmas of a group makes ptxas serialize them), each group into
-    // registers of its own, so the next group's are converted while this one runs (the header
-    // says why not fewer).
+    // registers of its own, so the next group's are converted while this one runs; where those
+    // do not fit, each group retires first (wg_retire_each_group).
     float s[NT][4];
 #pragma unroll
     for (int grp = 0; grp < MB; ++grp) {
@@ -275,6 +285,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
       for (int st = 0; st < 4; ++st)
         wgmma_rs<NT, DOT_BF16>(s, a[st], q_desc + ((grp * (N * 128) + st * 32) >> 4), grp + st > 0);
       wgmma_commit();
+      if constexpr (RETIRE_EACH_GROUP) wgmma_wait<0>();
     }
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -398,6 +409,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
       for (int ks = 0; ks < 4; ++ks)
         wgmma_rs<NT, DOT_BF16>(o[mb], a[ks], p_desc + ks * 2, 1);
       wgmma_commit();
+      if constexpr (RETIRE_EACH_GROUP) wgmma_wait<0>();
     }
     // Retired here, not under the next tile's first product: with the PV groups in flight across
     // the loop's back edge, ptxas serializes every wgmma (C7513).
