@@ -28,10 +28,12 @@
 // split_kv_common.cuh's. Shared memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks
 // an SM. That instance holds 144 + 36 fp32 accumulators a thread, too many for every MMA group's
 // A fragments in registers of their own: it retires each group before loading the next
-// (wg_retire_each_group), 3-9% faster than the wgmmas ptxas otherwise serializes (C7512). Two
+// (wg_retire_each_group), 3-9% faster than the wgmmas ptxas otherwise serializes (C7512). Three
 // other remedies measured slower: two fragment buffers a product (the next group's converted once
-// the group before has retired; split_kv_kernel.md, section 11), and two blocks each holding half
-// of O^T, which compute S^T twice (section 10). Both files are radiance-attn's.
+// the group before has retired; split_kv_kernel.md, section 11), two blocks each holding half of
+// O^T, which compute S^T twice (section 10), and a block of two warpgroups, each computing S^T of
+// its own tile and half of O^T over both, in lock-step (1.13-1.23x; section 13). The files are
+// radiance-attn's.
 #include "split_kv_common.cuh"
 #include "wgmma.cuh"
 
