@@ -91,9 +91,9 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
                     kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"], kw["v_descale"], c, b.segm_out,
                     b.segm_max, b.segm_sum)
                 us = min(tune.time_graph([lambda kw=kw: run(kw) for kw in rs]) for _ in range(reps))
-                ship_times = [tune.time_wrapper(shipped, b, sets) for _ in range(reps)]
-                ship = min(us for us, _ in ship_times)
-                ship_launch = ship_times[0][1]
+                shipped_runs = [tune.time_wrapper(shipped, b, sets) for _ in range(reps)]
+                ship = min(t for t, _ in shipped_runs)
+                ship_launch = shipped_runs[0][1]
                 f.write(json.dumps({"label": label, "library": Path(lib.path).parent.name, "form": form,
                                     "class": k.name, "ctx": r["ctx"], "seqs": r["seqs"], "width": r["width"],
                                     "launch": r["best"], "us": us, "shipped_us": ship,
@@ -151,7 +151,8 @@ def compare(path: Path, base: str, new: str, md: Path | None) -> int:
         spread = [max(ts) / min(ts) for (_, lb), ts in runs.items() if lb == label and len(ts) > 1]
         if spread:
             lines.append(f"- {label}'s repetitions (slowest over fastest process, a point): geometric mean "
-                         f"{statistics.geometric_mean(spread):.3f}, largest {max(spread):.3f} over {len(spread)} points.")
+                         f"{statistics.geometric_mean(spread):.3f}, largest {max(spread):.3f} "
+                         f"over {len(spread)} points.")
     if noise:
         lines.append(f"- the shipped launch where both builds run the same code (the Triton pass), {new}/{base}: "
                      f"geometric mean {statistics.geometric_mean(noise):.3f}, range {min(noise):.3f}-{max(noise):.3f} "
