@@ -139,19 +139,23 @@ RAD_DEVICE uint32_t swizzled(int row, int chunk, int row_bytes) {
 RAD_DEVICE int qk_position(int d) { return ((d & 2) << 2) | ((d >> 2) << 1) | (d & 1); }
 
 
-// Sixteen elements of a query row as the first product's operand, from `src` (the row's elements
-// 16i..16i + 15 for thread i of the row's LPR threads, consecutive lanes of one warp; nullptr for
-// a padding row: zeros), and the row's score multiplier. fp8 modes widen the row to fp16 times
-// the power of two c that puts its largest magnitude in [2^14, 2^15) (exact for every element
-// above 2^-28 of that largest, no overflow for any bf16 or fp16 input) and relabel it for the
-// K fragments (qk_position); the multiplier then carries k_scale / c.
-template <int MODE, int LPR>
-RAD_DEVICE float query_chunk(const uint8_t* src, uint16_t (&out)[16], float scale_log2, float k_scale) {
-  uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+// A query row's elements 16i..16i + 15 as they are stored (`src`: for thread i of the row's LPR
+// threads; nullptr for a padding row: zeros), for query_chunk.
+RAD_DEVICE void load_query_chunk(const uint8_t* src, uint4 (&raw)[2]) {
+  raw[0] = raw[1] = make_uint4(0, 0, 0, 0);
   if (src != nullptr) {
     raw[0] = reinterpret_cast<const uint4*>(src)[0];
     raw[1] = reinterpret_cast<const uint4*>(src)[1];
   }
+}
+
+// Sixteen elements of a query row as the first product's operand, from `raw` (load_query_chunk's;
+// the row's LPR threads are consecutive lanes of one warp), and the row's score multiplier. fp8
+// modes widen the row to fp16 times the power of two c that puts its largest magnitude in [2^14,
+// 2^15) (exact for every element above 2^-28 of that largest, no overflow for any bf16 or fp16
+// input) and relabel it for the K fragments (qk_position); the multiplier then carries k_scale / c.
+template <int MODE, int LPR>
+RAD_DEVICE float query_chunk(const uint4 (&raw)[2], uint16_t (&out)[16], float scale_log2, float k_scale) {
   const uint16_t* h = reinterpret_cast<const uint16_t*>(raw);
   if constexpr (mode_fp8(MODE)) {
     float x[16], amax = 0.f;
@@ -175,6 +179,13 @@ RAD_DEVICE float query_chunk(const uint8_t* src, uint16_t (&out)[16], float scal
     for (int e = 0; e < 16; ++e) out[e] = h[e];
     return scale_log2;
   }
+}
+// The same from the row's stored elements: load_query_chunk, then the above.
+template <int MODE, int LPR>
+RAD_DEVICE float query_chunk(const uint8_t* src, uint16_t (&out)[16], float scale_log2, float k_scale) {
+  uint4 raw[2];
+  load_query_chunk(src, raw);
+  return query_chunk<MODE, LPR>(raw, out, scale_log2, k_scale);
 }
 
 // What a block covers: its (sequence, query block, KV head, segment) from the grid, the
@@ -299,12 +310,19 @@ struct KvRing {
       copy16(vbase + swizzled(row, chunk, RB), vsrc + 16 * chunk, valid);
     }
   }
-  // The first `stages` tiles' entries (their loads in flight together), then stages - 1 tiles'
-  // copies, one commit group each. Returns the next tile to issue.
-  RAD_DEVICE int start() const {
-    int first[5];
+  // The first `stages` tiles' entries, their loads in flight together, for start(first).
+  RAD_DEVICE void load_first_entries(int (&first)[5]) const {
 #pragma unroll
     for (int s = 0; s < 5; ++s) first[s] = s < stages ? entry(lo + s) : 0;
+  }
+  // The first `stages` tiles' entries into place, then stages - 1 tiles' copies, one commit group
+  // each. Returns the next tile to issue.
+  RAD_DEVICE int start() const {
+    int first[5];
+    load_first_entries(first);
+    return start(first);
+  }
+  RAD_DEVICE int start(const int (&first)[5]) const {
 #pragma unroll
     for (int s = 0; s < 5; ++s)
       if (s < stages) keep(lo + s, first[s]);

@@ -227,24 +227,40 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   const int q_start = blk.q_start, context = blk.context, lo = blk.lo, hi = blk.hi;
   const int rows = blk.rows;  // real columns; the rest pad
 
+  // The loads of the block table's first entries, of the query rows (16 elements a thread) and of
+  // k_scale are issued together, the entries first (the first copies wait for them): the three
+  // are independent, so their round trips overlap instead of following one another (issued after
+  // the ring's start, the query's and k_scale's took 16% of the stall samples of a 4-tile block).
   const KvRing<HEAD, RB, kWgThreads, kWgTile> kv(p, blk, ring, entries, tile);
-  int next_tile = kv.start();
-
-  // ---- query rows as the first product's B operand (16 elements a thread), their multipliers ----
-  {
-    constexpr int LPR = HEAD / 16;  // threads a query row
-    const int i = threadIdx.x % LPR;
-    const float k_scale = FP8 ? *p.k_scale : 1.f;
-    for (int r = threadIdx.x / LPR; r < N; r += kWgThreads / LPR) {
-      alignas(16) uint16_t out[16];
-      const float scale = query_chunk<MODE, LPR>(blk.query(p, r, i), out, p.scale_log2, k_scale);
+  int first_entries[5];
+  kv.load_first_entries(first_entries);
+  constexpr int LPR = HEAD / 16;  // threads a query row
+  constexpr int Q_ROWS_A_PASS = kWgThreads / LPR, Q_PASSES = (N + Q_ROWS_A_PASS - 1) / Q_ROWS_A_PASS;
+  const int qi = threadIdx.x % LPR;
+  uint4 q_raw[Q_PASSES][2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {  // 8-element chunk 2i + half of the row
-        const int chunk = 2 * i + half;
+  for (int pass = 0; pass < Q_PASSES; ++pass) {
+    const int r = threadIdx.x / LPR + pass * Q_ROWS_A_PASS;
+    load_query_chunk(r < N ? blk.query(p, r, qi) : nullptr, q_raw[pass]);
+  }
+  const float k_scale = FP8 ? *p.k_scale : 1.f;
+  int next_tile = kv.start(first_entries);
+
+  // ---- query rows as the first product's B operand, their multipliers ----
+  {
+#pragma unroll
+    for (int pass = 0; pass < Q_PASSES; ++pass) {
+      const int r = threadIdx.x / LPR + pass * Q_ROWS_A_PASS;
+      if (r >= N) break;  // whole warps: a warp's 32 / LPR rows are all real or all past N
+      alignas(16) uint16_t out[16];
+      const float scale = query_chunk<MODE, LPR>(q_raw[pass], out, p.scale_log2, k_scale);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // 8-element chunk 2 qi + half of the row
+        const int chunk = 2 * qi + half;
         uint8_t* dst = sq + (chunk >> 3) * (N * 128) + r * 128 + (((chunk & 7) ^ (r & 7)) << 4);
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out + 8 * half);
       }
-      if (i == 0) row_scale[r] = scale;
+      if (qi == 0) row_scale[r] = scale;
     }
     for (int c = threadIdx.x; c < N; c += kWgThreads) cmax[c] = -INFINITY;
     fence_proxy_async();  // the query rows are read by wgmma (the async proxy)
