@@ -23,7 +23,10 @@ timed as the probes time them (medians of CUDA-graph replays, KV rotated past L2
 sm_90 table ships is timed beside them in every process; where that is radiance's Triton pass (the
 same code in both builds), its new/base ratio is noise, and so is the spread of one build's
 repetitions, which ``compare`` reports too. ``--form warpgroup`` (or ``mma_sync``) times one pass's
-points only, for a change to the other pass alone.
+points only, for a change to the other pass alone. ``--decode 1,2`` times instead the warpgroup
+pass at those widths, at 32K and 128K x 1 and 8 sequences of every class, at the segment count
+and ring depth the sm_90 table ships there (named ``wg_n{rows}_st{stages}_s{segments}`` with the
+query rows rounded up to eights), for a change to its narrow blocks.
 """
 
 from __future__ import annotations
@@ -60,7 +63,19 @@ def launch_of(name: str, width: int, group: int) -> policy.TritonLaunch:
                                partial_pass="cuda")
 
 
-def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(PROBES)) -> int:
+DECODE_POINTS = tuple((ctx, seqs) for ctx in (32768, 131072) for seqs in (1, 8))
+
+
+def decode_launch(shipped: policy.TritonLaunch | None, width: int, group: int) -> str:
+    """The warpgroup launch name of a ``--decode`` point: the shipped launch's segments and ring
+    depth (its stages where it is split, else 2), the point's query rows rounded up to eights."""
+    seg = shipped.num_segments if shipped is not None and shipped.is_3d else 64
+    stages = shipped.num_stages if shipped is not None and shipped.num_stages in (2, 3, 4) else 2
+    return f"wg_n{8 * -(-width * group // 8)}_st{stages}_s{seg}"
+
+
+def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(PROBES),
+                decode: tuple[int, ...] = ()) -> int:
     import torch
 
     from radiance.kernels import library
@@ -71,8 +86,12 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
         print(f"ab_split_kv: kernel library unavailable: {library.why_not(dev.index or 0)}")
         return 1
     shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
-    rows = [(form, r) for form, name in PROBES.items() if form in forms
-            for r in json.loads((RESULTS / name).read_text())["results"]]
+    if decode:
+        rows = [("warpgroup", {"class": k.name, "ctx": ctx, "seqs": seqs, "width": w, "best": None})
+                for k in tune.CLASSES for ctx, seqs in DECODE_POINTS for w in decode]
+    else:
+        rows = [(form, r) for form, name in PROBES.items() if form in forms
+                for r in json.loads((RESULTS / name).read_text())["results"]]
     by_class = defaultdict(list)
     for form, r in rows:
         by_class[r["class"]].append((form, r))
@@ -85,7 +104,10 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
             for form, r in by_class[k.name]:
                 sets = b.point(r["ctx"], r["seqs"], r["width"])
                 rs = [b.radiance_kwargs(kw) for kw in sets]
-                c = launch_of(r["best"], r["width"], k.num_query_heads // k.num_kv_heads)
+                group = k.num_query_heads // k.num_kv_heads
+                if r["best"] is None:  # a --decode point
+                    r = dict(r, best=decode_launch(tune.time_wrapper(shipped, b, sets)[1], r["width"], group))
+                c = launch_of(r["best"], r["width"], group)
                 run = lambda kw, c=c: split_kv_kernel.launch(
                     kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"], kw["block_table"],
                     kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"], kw["v_descale"], c, b.segm_out,
@@ -174,6 +196,8 @@ def main(argv=None) -> int:
     t.add_argument("--reps", type=int, default=2)
     t.add_argument("--form", choices=tuple(PROBES), action="append",
                    help="time only this pass's points (repeatable; default: both)")
+    t.add_argument("--decode", type=lambda v: tuple(int(w) for w in v.split(",")), default=(),
+                   help="widths (e.g. 1,2): the warpgroup pass's narrow blocks instead of the probes' points")
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -181,7 +205,8 @@ def main(argv=None) -> int:
     c.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "time":
-        return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES))
+        return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES),
+                           args.decode)
     return compare(args.jsonl, args.base, args.new, args.md)
 
 

@@ -34,8 +34,10 @@
 // O^T, which compute S^T twice (section 10), and a block of two warpgroups, each computing S^T of
 // its own tile and half of O^T over both, in lock-step (1.13-1.23x; section 13). Issuing the next
 // tile's first product before this tile's softmax (FlashAttention-3's order in one warpgroup) was
-// slower too, at head 128: 1.01-1.05x on bf16 KV, 1.09-1.38x on fp8 (section 14). The files are
-// radiance-attn's.
+// slower too, at head 128: 1.01-1.05x on bf16 KV, 1.09-1.38x on fp8 (section 14). An 8-row
+// instance for plain decode (8 heads a KV head run unpadded, one block more an SM on fp8 KV) was
+// 0.96-0.97x the time at single 32K sequences and up to 1.11x at 8 sequences (section 16), so a
+// decode block stays 16 rows. The files are radiance-attn's.
 #include "split_kv_common.cuh"
 #include "wgmma.cuh"
 
