@@ -26,12 +26,16 @@ repetitions, which ``compare`` reports too. ``--form warpgroup`` (or ``mma_sync`
 points only, for a change to the other pass alone. ``--decode 1,2`` times instead the warpgroup
 pass at those widths, at 32K and 128K x 1 and 8 sequences of every class, at the segment count
 and ring depth the sm_90 table ships there (named ``wg_n{rows}_st{stages}_s{segments}`` with the
-query rows rounded up to eights), for a change to its narrow blocks.
+query rows rounded up to eights), for a change to its narrow blocks. ``--ring 1,1x2`` times, in
+the same process and alternated with each warpgroup point's launch, that launch at other ring
+depths (and segment counts times a factor), labelled ``{label}-{variant}`` under the same launch
+name, so ``compare --base new --new new-1`` sets one depth against the other.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -74,8 +78,14 @@ def decode_launch(shipped: policy.TritonLaunch | None, width: int, group: int) -
     return f"wg_n{8 * -(-width * group // 8)}_st{stages}_s{seg}"
 
 
+def ring_variant(c: policy.TritonLaunch, variant: str) -> policy.TritonLaunch:
+    """``c`` at the ring depth ``variant`` names ("1", or "1x2": 1 stage, twice the segments)."""
+    stages, _, factor = variant.partition("x")
+    return dataclasses.replace(c, num_stages=int(stages), num_segments=c.num_segments * int(factor or 1))
+
+
 def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(PROBES),
-                decode: tuple[int, ...] = ()) -> int:
+                decode: tuple[int, ...] = (), rings: tuple[str, ...] = ()) -> int:
     import torch
 
     from radiance.kernels import library
@@ -108,21 +118,29 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
                 if r["best"] is None:  # a --decode point
                     r = dict(r, best=decode_launch(tune.time_wrapper(shipped, b, sets)[1], r["width"], group))
                 c = launch_of(r["best"], r["width"], group)
-                run = lambda kw, c=c: split_kv_kernel.launch(
+                launches = {label: c}
+                if form == "warpgroup":
+                    launches.update((f"{label}-{v}", ring_variant(c, v)) for v in rings
+                                    if ring_variant(c, v).num_segments <= max(tune.RADIANCE_SEGMENTS))
+                run = lambda kw, c: split_kv_kernel.launch(
                     kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"], kw["block_table"],
                     kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"], kw["v_descale"], c, b.segm_out,
                     b.segm_max, b.segm_sum)
-                us = min(tune.time_graph([lambda kw=kw: run(kw) for kw in rs]) for _ in range(reps))
+                times = defaultdict(list)
+                for _ in range(reps):  # the launches alternated
+                    for lab, c in launches.items():
+                        times[lab].append(tune.time_graph([lambda kw=kw, c=c: run(kw, c) for kw in rs]))
                 shipped_runs = [tune.time_wrapper(shipped, b, sets) for _ in range(reps)]
                 ship = min(t for t, _ in shipped_runs)
                 ship_launch = shipped_runs[0][1]
-                f.write(json.dumps({"label": label, "library": Path(lib.path).parent.name, "form": form,
-                                    "class": k.name, "ctx": r["ctx"], "seqs": r["seqs"], "width": r["width"],
-                                    "launch": r["best"], "us": us, "shipped_us": ship,
-                                    "shipped_pass": ship_launch.partial_pass if ship_launch else "stock",
-                                    "gpu": torch.cuda.get_device_name(dev)}) + "\n")
-                print(f"{label}: {form:9s} {k.name:14s} {r['ctx']:6d} x {r['seqs']} w{r['width']} {r['best']:22s} "
-                      f"{us:8.1f} us (shipped {ship:8.1f})", flush=True)
+                for lab, ts in times.items():  # the shipped time once a process: on the point's own row
+                    f.write(json.dumps({"label": lab, "library": Path(lib.path).parent.name, "form": form,
+                                        "class": k.name, "ctx": r["ctx"], "seqs": r["seqs"], "width": r["width"],
+                                        "launch": r["best"], "us": min(ts), "shipped_us": ship if lab == label else None,
+                                        "shipped_pass": ship_launch.partial_pass if ship_launch else "stock",
+                                        "gpu": torch.cuda.get_device_name(dev)}) + "\n")
+                    print(f"{lab}: {form:9s} {k.name:14s} {r['ctx']:6d} x {r['seqs']} w{r['width']} {r['best']:22s} "
+                          f"{min(ts):8.1f} us (shipped {ship:8.1f})", flush=True)
             del b
     return 0
 
@@ -137,12 +155,14 @@ def compare(path: Path, base: str, new: str, md: Path | None) -> int:
         r = json.loads(line)
         key = (r["form"], r["class"], r["ctx"], r["seqs"], r["width"], r["launch"])
         for what in ("us", "shipped_us"):
-            best[key][(r["label"], what)] = min(best[key].get((r["label"], what), float("inf")), r[what])
+            if r[what] is not None:  # a --ring variant's row has no shipped time of its own
+                best[key][(r["label"], what)] = min(best[key].get((r["label"], what), float("inf")), r[what])
         runs[(key, r["label"])].append(r["us"])
         same_code[key] = same_code.get(key, True) and r.get("shipped_pass") in ("triton", "stock")
         libs[r["label"]].add(r["library"])
         gpu = r.get("gpu", gpu)
-    lines = [f"# Split-KV partial passes: {new} build against {base} build, timed in one run ({gpu})", "",
+    what = "launches of one build" if libs[base] == libs[new] else "build"
+    lines = [f"# Split-KV partial passes: {new} {what} against {base}, timed in one run ({gpu})", "",
              f"Libraries: {base} {sorted(libs[base])}, {new} {sorted(libs[new])}. Each point's launch is the one "
              "its probe chose; the faster of each build's repetitions (medians of CUDA-graph replays, KV rotated "
              "past L2). shipped: the sm_90 table's launch through radiance's wrapper (the Triton pass, or a "
@@ -156,13 +176,13 @@ def compare(path: Path, base: str, new: str, md: Path | None) -> int:
         if (base, "us") not in v or (new, "us") not in v:
             continue
         ratio = v[(new, "us")] / v[(base, "us")]
-        ship = v[(new, "shipped_us")] / v[(base, "shipped_us")]
+        ship = v[(new, "shipped_us")] / v[(base, "shipped_us")] if (new, "shipped_us") in v else None
         ratios[(key[0], key[1], key[4])].append(ratio)
-        if same_code[key]:
+        if same_code[key] and ship is not None:
             noise.append(ship)
         form, cls, ctx, seqs, width, launch = key
         lines.append(f"| {form} | {cls} | {ctx} | {seqs} | {width} | {launch} | {v[(base, 'us')]:.1f} | "
-                     f"{v[(new, 'us')]:.1f} | {ratio:.3f} | {ship:.3f} |")
+                     f"{v[(new, 'us')]:.1f} | {ratio:.3f} | {'-' if ship is None else f'{ship:.3f}'} |")
     lines += ["", f"## Geometric means of {new}/{base} per pass, class and width", "",
               "| pass | class | width | points | geo. mean | range |", "|---|---|---|---|---|---|"]
     for (form, cls, width), rs in sorted(ratios.items()):
@@ -198,6 +218,8 @@ def main(argv=None) -> int:
                    help="time only this pass's points (repeatable; default: both)")
     t.add_argument("--decode", type=lambda v: tuple(int(w) for w in v.split(",")), default=(),
                    help="widths (e.g. 1,2): the warpgroup pass's narrow blocks instead of the probes' points")
+    t.add_argument("--ring", type=lambda v: tuple(v.split(",")), default=(),
+                   help="ring variants of each warpgroup launch (e.g. 1,1x2: 1 stage; 1 stage, twice the segments)")
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -206,7 +228,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "time":
         return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES),
-                           args.decode)
+                           args.decode, args.ring)
     return compare(args.jsonl, args.base, args.new, args.md)
 
 

@@ -151,7 +151,7 @@ def test_cuda_partial_matches_reference(kv, head, q_heads, kv_heads, width, bloc
 @pytest.mark.parametrize("head, q_heads, kv_heads", [(256, 16, 2), (128, 32, 8)])
 @pytest.mark.parametrize("width, block_q, stages, segments", [
     (1, 1, 2, 64), (2, 2, 4, 1), (4, 4, 2, 32), (5, 5, 2, 16), (6, 6, 3, 16), (9, 9, 2, 64), (9, 9, 3, 8),
-    (9, 4, 2, 16)])
+    (9, 4, 2, 16), (1, 1, 1, 64), (2, 2, 1, 1), (4, 4, 1, 32), (6, 6, 1, 16), (9, 9, 1, 8), (9, 4, 1, 16)])
 @pytest.mark.parametrize("q_mag", [1.0, 1.0e6])
 def test_warpgroup_partial_matches_reference(kv, head, q_heads, kv_heads, width, block_q, stages, segments, q_mag):
     """The warpgroup-MMA partial pass (split_kv_partial_warpgroup) against float64."""
@@ -226,7 +226,7 @@ def test_cuda_partial_smem_arithmetic_matches_the_library():
             assert lib.split_kv_smem(head, mode, rows, kpw, kw, st) == want
     # the warpgroup form: every column count, both KV widths, shallow and deep rings; 0 for shapes
     # without an instance (3 tiles, 24 rows, is not one)
-    for head, mode, n_tiles, st in itertools.product((128, 256), (0, 2), (2, 3, 4, 5, 6, 9), (2, 5)):
+    for head, mode, n_tiles, st in itertools.product((128, 256), (0, 2), (2, 3, 4, 5, 6, 9), (1, 2, 5)):
         kv, qd = modes[mode]
         want = split_kv_attention.warpgroup_smem_bytes(head, kv, n_tiles, st)
         if split_kv_attention.warpgroup_launch_refusal(head, kv, qd, n_tiles, st) is not None:

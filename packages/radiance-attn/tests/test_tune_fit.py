@@ -156,7 +156,8 @@ def test_candidates_cover_each_shape_and_skip_empty_segments():
     assert (32, 1, 2, "radiance", "triton") in shapes and (64, 4, 2, "vllm", "triton") in shapes
     assert {(c.tile_size, c.num_warps, c.num_stages, c.kernel, c.partial_pass) for c in cands if c.block_m == 128} == {
         (32, 8, None, "vllm", "triton"), (64, 8, 2, "vllm", "triton"), (64, 8, 2, "radiance", "triton"),
-        (64, 8, 3, "radiance", "triton"), (64, 8, 2, "radiance", "cuda_warpgroup"), (64, 8, 3, "radiance", "cuda_warpgroup")}
+        (64, 8, 3, "radiance", "triton"), (64, 8, 1, "radiance", "cuda_warpgroup"),
+        (64, 8, 2, "radiance", "cuda_warpgroup"), (64, 8, 3, "radiance", "cuda_warpgroup")}
     # the warpgroup pass pads a block to a multiple of 8 rows, not to BLOCK_M: its BLOCK_Q is the
     # width (72 rows), where the Triton pass's is BLOCK_M's (16 tokens, 128 rows)
     assert {c.block_q for c in cands if c.block_m == 128} == {9, 16}
@@ -288,6 +289,22 @@ def test_a_match_range_must_be_numeric_bounds():
         {"match": {"max_seqlen_k": {"above": 5}}, "rule": _truth()}]}}
     with pytest.raises(ValueError, match="match range"):
         tables.validate(bad)
+
+
+def test_extending_only_the_matching_lacking_candidates(monkeypatch):
+    """--extend-only: of the candidates a point lacks, only the matching ones are timed (with its
+    best again); the other lacking ones stay unmeasured."""
+    import re
+
+    bench = _every_candidate_takes_5us(monkeypatch)
+    every = tune.candidate_launches(KLASS, 32768, 8, 9)
+    before = {tune._key(c): 10.0 + i for i, c in enumerate(every) if c.partial_pass == "triton"}
+    old_best = min(before, key=before.get)
+    p = {"ctx": 32768, "seqs": 8, "width": 9, "candidates": dict(before), "best": old_best, "best_us": 10.0}
+    tune.extend_point(p, None, KLASS, bench, {}, {}, None, re.compile("_st1_wg_rk$"))
+    one_stage = {tune._key(c) for c in every if c.partial_pass == "cuda_warpgroup" and c.num_stages == 1}
+    assert one_stage and set(p["extended"]) == one_stage | {old_best}
+    assert not any(key.endswith("_wg_rk") and key not in one_stage for key in p["candidates"])
 
 
 def test_extending_with_retime_times_the_matching_candidates_again(monkeypatch):

@@ -69,7 +69,11 @@ def test_warpgroup_launch_refusal_and_smem():
     assert "24 query rows" in skv.warpgroup_launch_refusal(256, FP8, BF16, 3, 2)
     assert skv.warpgroup_launch_refusal(128, FP8, BF16, 5, 2) is None  # width 9 at 4 heads a KV head: 36 rows
     assert "head size 64" in skv.warpgroup_launch_refusal(64, FP8, BF16, 4, 2)
-    assert "stages" in skv.warpgroup_launch_refusal(256, FP8, BF16, 4, 1)
+    assert "stages" in skv.warpgroup_launch_refusal(256, FP8, BF16, 4, 0)
+    assert "stages" in skv.warpgroup_launch_refusal(256, FP8, BF16, 4, 6)
+    # one stage: one tile's K and V buffers, the block-table entries still in two slots
+    fixed = 16 * 512 + 16 * 128 + 7 * 16 * 4 + 2 * 64 * 4
+    assert skv.warpgroup_smem_bytes(256, BF16, 2, 1) == 1024 + -(-fixed // 128) * 128 + 2 * 64 * 512
     # query rows (72 x 256 x 2), P (72 x 128), 7 x 72 floats, 2 x 64 entries, rounded to 128, then
     # two stages of K and V (64 keys x 256 fp8 bytes), after 1024 bytes of alignment slack:
     # 113 KB, two blocks on a 228 KB multiprocessor

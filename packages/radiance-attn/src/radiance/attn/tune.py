@@ -64,6 +64,10 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # split_kv_kernel.md section 10); a GPU without it refuses these shapes and the sweep leaves them out.
 # The pass runs one warpgroup whatever "warps" says: the entry's warps are for the Triton pass,
 # which runs the launch where the warpgroup pass cannot (8 for 128-row blocks, as above).
+# "wg_s1" (wider blocks): its one-stage ring (a tile's K and V buffers, each refilled as soon as
+# it is read: half the shared memory of two stages), which on an H100 took 0.88-0.89x the
+# two-stage time for head 256 on bf16 KV at width 9 from 32K x 8 and 128K x 1 (two blocks an SM
+# instead of one), and 1.02-1.09x on fp8 KV (split_kv_kernel.md section 17).
 # 32-row blocks also get radiance's 4-warp 32-key and 128-key tiles: in the 05:29 UTC H200 sweep
 # head 128's width-6 steps (24 rows, a 32-row block, 64-key tiles) ran slower than its width-9
 # steps (36 rows in a 64-row block, 32- or 128-key tiles) at 20 of 20 bf16 and 15 of 20 fp8 points.
@@ -89,18 +93,21 @@ WIDE_SHAPES = {
          "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t128w4s2_ta": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
-         "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
+         "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3},
+         "wg_s1": {**WARPGROUP, "stages": 1}},
     64: {"t32w4": {"tile": 32, "warps": 4}, "t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
          "rk_t32w4s2": {"tile": 32, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t64w4s2": {"tile": 64, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t128w4s2": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance"},
          "rk_t128w4s2_ta": {"tile": 128, "warps": 4, "stages": 2, "kernel": "radiance", "table_ahead": True},
-         "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3}},
+         "wg_s2": {**WARPGROUP, "stages": 2}, "wg_s3": {**WARPGROUP, "stages": 3},
+         "wg_s1": {**WARPGROUP, "stages": 1}},
     128: {"t32w8": {"tile": 32, "warps": 8}, "t64w8s2": {"tile": 64, "warps": 8, "stages": 2},
           "rk_t64w8s2": {"tile": 64, "warps": 8, "stages": 2, "kernel": "radiance"},
           "rk_t64w8s3": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance"},
           "rk_t64w8s3_ta": {"tile": 64, "warps": 8, "stages": 3, "kernel": "radiance", "table_ahead": True},
-          "wg_s2": {**WARPGROUP, "warps": 8, "stages": 2}, "wg_s3": {**WARPGROUP, "warps": 8, "stages": 3}},
+          "wg_s2": {**WARPGROUP, "warps": 8, "stages": 2}, "wg_s3": {**WARPGROUP, "warps": 8, "stages": 3},
+          "wg_s1": {**WARPGROUP, "warps": 8, "stages": 1}},
 }
 
 
@@ -315,19 +322,22 @@ def time_candidates(runner: RadianceUnifiedAttention, k: Klass, b: "Bench", sets
     return cands
 
 
-def _needs_timing(p: dict, key: str, retime) -> bool:
-    """Whether --extend times candidate ``key`` of merged point ``p``: one it lacks, its best, and
-    any whose key ``retime`` (a compiled regex, or None) matches (code changed since it was timed)."""
-    return key not in p["candidates"] or key == p["best"] or (retime is not None and retime.search(key) is not None)
+def _needs_timing(p: dict, key: str, retime, only=None) -> bool:
+    """Whether --extend times candidate ``key`` of merged point ``p``: one it lacks (of those
+    ``only`` matches, a compiled regex, where given), its best, and any whose key ``retime`` (a
+    compiled regex, or None) matches (code changed since it was timed)."""
+    lacking = key not in p["candidates"] and (only is None or only.search(key) is not None)
+    return lacking or key == p["best"] or (retime is not None and retime.search(key) is not None)
 
 
 def extend_point(p: dict, runner: RadianceUnifiedAttention, k: Klass, b: "Bench", unbuilt: dict,
-                 refused: dict, retime=None) -> int:
+                 refused: dict, retime=None, only=None) -> int:
     """Time the candidates a merged point lacks (a launch shape added since it was swept), those
     ``retime`` matches, and its best one again, so the choice between them rests on times of one
     run; updates the point's candidates and best, records what was timed in ``p["extended"]``;
     returns how many."""
-    launches = [c for c in candidate_launches(k, p["ctx"], p["seqs"], p["width"]) if _needs_timing(p, _key(c), retime)]
+    launches = [c for c in candidate_launches(k, p["ctx"], p["seqs"], p["width"])
+                if _needs_timing(p, _key(c), retime, only)]
     new = time_candidates(runner, k, b, b.point(p["ctx"], p["seqs"], p["width"]), launches, unbuilt, refused)
     p["candidates"] = {**p["candidates"], **new}
     p["best"] = min(p["candidates"], key=p["candidates"].get)
@@ -630,6 +640,9 @@ def main(argv=None) -> int:
     ap.add_argument("--retime", metavar="REGEX",
                     help="with --extend: also time again the merged candidates whose key matches (e.g. "
                          "'_wg_rk$', the warpgroup pass, after a change to it)")
+    ap.add_argument("--extend-only", metavar="REGEX",
+                    help="with --extend: of the candidates a point lacks, time only those whose key matches "
+                         "(e.g. '_st1_wg_rk$', one new launch shape)")
     ap.add_argument("--fit-only", action="store_true",
                     help="sweep nothing: fit the --merge'd points and time the fitted table against stock")
     args = ap.parse_args(argv)
@@ -640,7 +653,10 @@ def main(argv=None) -> int:
         ap.error("--extend needs --merge")
     if args.retime and not extend:
         ap.error("--retime needs --extend")
+    if args.extend_only and not extend:
+        ap.error("--extend-only needs --extend")
     retime = re.compile(args.retime) if args.retime else None
+    only = re.compile(args.extend_only) if args.extend_only else None
     if extend - {c.name for c in CLASSES}:
         ap.error(f"unknown classes {sorted(extend - {c.name for c in CLASSES})}")
     torch = _torch()
@@ -723,7 +739,7 @@ def main(argv=None) -> int:
                                                  p["width"]) for p in to_extend], args.jobs,
                          launches=lambda k, ctx, seqs, width: [
                              c for c in candidate_launches(k, ctx, seqs, width)
-                             if _needs_timing(by_point[(k.name, ctx, seqs, width)], _key(c), retime)])
+                             if _needs_timing(by_point[(k.name, ctx, seqs, width)], _key(c), retime, only)])
         print(f"precompiled the added candidates in {pre:.0f}s")
     added = 0
     for p in to_extend:
@@ -735,11 +751,12 @@ def main(argv=None) -> int:
             by_class.clear()
             torch.cuda.empty_cache()
             by_class[k.name] = Bench(module, k, max(grid["ctx"]) * max(grid["seqs"]), device)
-        added += extend_point(p, runner, k, by_class[k.name], unbuilt, refused, retime)
+        added += extend_point(p, runner, k, by_class[k.name], unbuilt, refused, retime, only)
         print(f"  {k.name:14s} ctx={p['ctx']:6d} seqs={p['seqs']} w={p['width']}: {len(p['extended'])} candidates "
               f"timed, best {p['best_us']:8.1f} us ({p['best']})", flush=True)
     if extend:
-        meta["extended"] = {"classes": sorted(extend), "candidates_timed": added, "retimed": args.retime}
+        meta["extended"] = {"classes": sorted(extend), "candidates_timed": added, "retimed": args.retime,
+                            "only": args.extend_only}
     if skipped:
         print(f"budget {args.budget_s:.0f}s reached: {skipped} points not measured")
     for (name, key), why in sorted(unbuilt.items()):

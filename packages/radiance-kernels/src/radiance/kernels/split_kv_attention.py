@@ -126,8 +126,8 @@ def warpgroup_launch_refusal(head: int, kv_dtype: torch.dtype, q_dtype: torch.dt
         return f"{kv_dtype} KV with {q_dtype} queries"
     if n_tiles not in WARPGROUP_COLUMNS:
         return f"{8 * n_tiles} query rows a block ({'/'.join(str(8 * n) for n in WARPGROUP_COLUMNS)})"
-    if not 2 <= stages <= 5:
-        return f"{stages} stages (2 to 5)"
+    if not 1 <= stages <= 5:
+        return f"{stages} stages (1 to 5)"
     need = warpgroup_smem_bytes(head, kv_dtype, n_tiles, stages)
     if smem_limit is not None and need > smem_limit:
         return f"{need} bytes of shared memory, the device allows {smem_limit}"
@@ -137,10 +137,11 @@ def warpgroup_launch_refusal(head: int, kv_dtype: torch.dtype, q_dtype: torch.dt
 def warpgroup_smem_bytes(head: int, kv_dtype: torch.dtype, n_tiles: int, stages: int) -> int:
     """Shared memory of one warpgroup block (wg_smem in the source): 1024 bytes of alignment slack,
     the query rows and probabilities as MMA operands, the column maxima, the query rows' score
-    multipliers and the block-table entries (rounded up to 128 bytes), the KV ring."""
+    multipliers and the block-table entries (two slots at least; rounded up to 128 bytes), the KV
+    ring."""
     kv_bytes = 1 if kv_dtype == torch.float8_e4m3fn else 2
     rows = 8 * n_tiles
-    fixed = head * 2 * rows + 128 * rows + 7 * rows * 4 + stages * WARPGROUP_TILE * 4
+    fixed = head * 2 * rows + 128 * rows + 7 * rows * 4 + max(stages, 2) * WARPGROUP_TILE * 4
     return 1024 + -(-fixed // 128) * 128 + stages * 2 * WARPGROUP_TILE * head * kv_bytes
 
 
@@ -246,7 +247,8 @@ def split_kv_partial_warpgroup(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     """``split_kv_partial``'s partials from the warpgroup form (module docstring; sm_90): the same
     tensors and checks; a block's query rows are 8 x ``n_tiles`` (default: the fewest of
     ``WARPGROUP_COLUMNS`` that hold ``block_q`` x heads-per-KV-head rows), the KV tile is
-    ``WARPGROUP_TILE`` keys, ``stages`` tiles in flight."""
+    ``WARPGROUP_TILE`` keys, ``stages`` tiles in flight (1: one tile's K and V buffers, each tile's
+    K rows copied once the tile before has been read, its V rows likewise)."""
     group = _check_tensors(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum)
     if block_q < 1:
         raise ValueError(f"block_q must be at least 1, got {block_q}")

@@ -234,7 +234,12 @@ struct SplitKvBlock {
 // count; the ring slot is a multiply by ceil(2^32 / stages) (exact for t - lo < 2^30, stages
 // 2-5); a power-of-two block size (vLLM's are) takes a shift and a mask for the key's block and
 // slot, any other size the division.
-template <int HEAD, int RB, int THREADS = 0, int TILE = 0>
+//
+// SINGLE (the warpgroup pass at stages = 1): one tile's K rows and V rows, each copied when its
+// buffer frees (issue_k / issue_v: the kernel issues tile t + 1's K rows once every warp has
+// read tile t's, and tile t's V rows once every warp has read tile t - 1's), so a block takes
+// half a two-stage ring's shared memory. The block-table entries keep two slots.
+template <int HEAD, int RB, int THREADS = 0, int TILE = 0, bool SINGLE = false>
 struct KvRing {
   static constexpr int RC = RB / 16;           // 16-byte chunks a key row
   static constexpr int TPR = RC < 8 ? RC : 8;  // copying threads a key row
@@ -249,9 +254,10 @@ struct KvRing {
   RAD_DEVICE KvRing(const SplitKvArgs& args, const SplitKvBlock& b, uint8_t* ring_, int* entries_, int tile_)
       : p(args), table(args.block_table + (int64_t)b.seq * args.bt_stride), ring(ring_), entries(entries_),
         tile(TILE ? TILE : tile_), stages(args.stages), lo(b.lo), hi(b.hi), seq_len(b.seq_len), kv_head(b.kv_head),
-        stage_magic(0xFFFFFFFFu / (uint32_t)args.stages + 1u),
+        stage_magic(0xFFFFFFFFu / (uint32_t)entry_slots(args.stages) + 1u),
         bs_shift(log2_of_power_of_two(args.block_size)) {}
 
+  static RAD_DEVICE int entry_slots(int stages) { return SINGLE ? 2 : stages; }
   static RAD_DEVICE int log2_of_power_of_two(int x) {  // -1 for any other x
     if (x & (x - 1)) return -1;
     int s = 0;
@@ -259,8 +265,9 @@ struct KvRing {
     return s;
   }
 
-  RAD_DEVICE int slot_of(int t) const {  // (t - lo) % stages
+  RAD_DEVICE int slot_of(int t) const {  // (t - lo) % stages (% 2 when SINGLE)
     const uint32_t x = (uint32_t)(t - lo);
+    if constexpr (SINGLE) return (int)(x & 1u);
     return (int)(x - __umulhi(x, stage_magic) * (uint32_t)stages);
   }
   RAD_DEVICE int entry(int t) const {
@@ -272,10 +279,14 @@ struct KvRing {
     if ((int)threadIdx.x < tile) entries[slot_of(t) * tile + threadIdx.x] = e;
   }
   // Tile t's K rows; its V rows follow at + tile * RB.
-  RAD_DEVICE uint8_t* stage(int t) const { return ring + slot_of(t) * 2 * tile * RB; }
-  RAD_DEVICE void issue(int t) const {
+  RAD_DEVICE uint8_t* stage(int t) const { return SINGLE ? ring : ring + slot_of(t) * 2 * tile * RB; }
+  RAD_DEVICE void issue(int t) const { issue_rows<true, true>(t); }
+  RAD_DEVICE void issue_k(int t) const { issue_rows<true, false>(t); }
+  RAD_DEVICE void issue_v(int t) const { issue_rows<false, true>(t); }
+  template <bool K, bool V>
+  RAD_DEVICE void issue_rows(int t) const {
     const int slot = slot_of(t);
-    const uint32_t kbase = shared_address(ring + slot * 2 * tile * RB), vbase = kbase + tile * RB;
+    const uint32_t kbase = shared_address(stage(t)), vbase = kbase + tile * RB;
     const int* ent = entries + slot * tile;
     const int copy_sub = (int)threadIdx.x % TPR;
     const int rows_a_pass = THREADS ? THREADS / TPR : (int)blockDim.x / TPR;
@@ -286,13 +297,14 @@ struct KvRing {
       static_assert(TILE % (THREADS / TPR) == 0, "the copying threads cover a tile in whole passes");
 #pragma unroll
       for (int pass = 0; pass < TILE / (THREADS / TPR); ++pass)
-        issue_row(t, (int)threadIdx.x / TPR + pass * (THREADS / TPR), copy_sub, kbase, vbase, ent, k_head, v_head,
-                  block_mask);
+        issue_row<K, V>(t, (int)threadIdx.x / TPR + pass * (THREADS / TPR), copy_sub, kbase, vbase, ent, k_head,
+                        v_head, block_mask);
     } else {
       for (int row = (int)threadIdx.x / TPR; row < tile; row += rows_a_pass)
-        issue_row(t, row, copy_sub, kbase, vbase, ent, k_head, v_head, block_mask);
+        issue_row<K, V>(t, row, copy_sub, kbase, vbase, ent, k_head, v_head, block_mask);
     }
   }
+  template <bool K, bool V>
   RAD_DEVICE void issue_row(int t, int row, int copy_sub, uint32_t kbase, uint32_t vbase, const int* ent,
                             const uint8_t* k_head, const uint8_t* v_head, int block_mask) const {
     const int key = t * tile + row;
@@ -306,17 +318,18 @@ struct KvRing {
 #pragma unroll
     for (int c = 0; c < RC / TPR; ++c) {
       const int chunk = copy_sub + c * TPR;
-      copy16(kbase + swizzled(row, chunk, RB), ksrc + 16 * chunk, valid);
-      copy16(vbase + swizzled(row, chunk, RB), vsrc + 16 * chunk, valid);
+      if constexpr (K) copy16(kbase + swizzled(row, chunk, RB), ksrc + 16 * chunk, valid);
+      if constexpr (V) copy16(vbase + swizzled(row, chunk, RB), vsrc + 16 * chunk, valid);
     }
   }
-  // The first `stages` tiles' entries, their loads in flight together, for start(first).
+  // The first `stages` tiles' entries (two when SINGLE), their loads in flight together, for
+  // start(first).
   RAD_DEVICE void load_first_entries(int (&first)[5]) const {
 #pragma unroll
-    for (int s = 0; s < 5; ++s) first[s] = s < stages ? entry(lo + s) : 0;
+    for (int s = 0; s < 5; ++s) first[s] = s < entry_slots(stages) ? entry(lo + s) : 0;
   }
   // The first `stages` tiles' entries into place, then stages - 1 tiles' copies, one commit group
-  // each. Returns the next tile to issue.
+  // each (SINGLE: the first tile's K and V rows, one group). Returns the next tile to issue.
   RAD_DEVICE int start() const {
     int first[5];
     load_first_entries(first);
@@ -325,8 +338,13 @@ struct KvRing {
   RAD_DEVICE int start(const int (&first)[5]) const {
 #pragma unroll
     for (int s = 0; s < 5; ++s)
-      if (s < stages) keep(lo + s, first[s]);
+      if (s < entry_slots(stages)) keep(lo + s, first[s]);
     __syncthreads();
+    if constexpr (SINGLE) {
+      if (lo < hi) issue(lo);
+      copy_commit();
+      return lo + 1;
+    }
     int next = lo;
     for (int s = 0; s < stages - 1; ++s) {
       if (next < hi) issue(next);

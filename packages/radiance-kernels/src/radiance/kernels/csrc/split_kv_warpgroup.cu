@@ -25,8 +25,14 @@
 // async proxy.
 //
 // Query rows and P are stored K-major with the 128-byte swizzle (wgmma.cuh); the KV ring is
-// split_kv_common.cuh's. Shared memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks
-// an SM. That instance holds 144 + 36 fp32 accumulators a thread, too many for every MMA group's
+// split_kv_common.cuh's. At stages = 1 it is one tile's K and V buffers (SINGLE): tile t + 1's K
+// rows are copied once every warp has read tile t's (the column-maxima barrier), tile t's V rows
+// at the top of tile t, once every warp has read tile t - 1's, so a V copy has the first product
+// and the softmax to land and a K copy the softmax and the second product. On bf16 KV at head 256
+// that halves the ring and fits two blocks an SM instead of one (0.88-0.95x the time at widths
+// 2-9 from 128K x 1 on an H100); where two stages already fit two or more blocks, the shorter
+// lead costs more than it frees (fp8 KV: 1.02-1.09x; split_kv_kernel.md, section 17). Shared
+// memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks an SM. That instance holds 144 + 36 fp32 accumulators a thread, too many for every MMA group's
 // A fragments in registers of their own: it retires each group before loading the next
 // (wg_retire_each_group), 3-9% faster than the wgmmas ptxas otherwise serializes (C7512). Three
 // other remedies measured slower: two fragment buffers a product (the next group's converted once
@@ -59,11 +65,11 @@ __host__ __device__ constexpr bool wg_retire_each_group(int head, int nt) { retu
 __host__ __device__ constexpr bool wg_cols_ok(int nt) { return nt == 2 || (nt >= 4 && nt <= 6) || nt == 9; }
 // Byte offsets from the block's 1024-byte-aligned base: Q^T operand [head / 64][N][128 B], P^T
 // operand [N][128 B], each warp's column maxima [4][N], the running maxima [2][N], the query rows'
-// score multipliers [N] (floats), block-table entries [stages][64], then the KV ring.
+// score multipliers [N] (floats), block-table entries [max(stages, 2)][64], then the KV ring.
 __host__ __device__ constexpr int wg_p_offset(int head, int nt) { return head * 2 * 8 * nt; }
 __host__ __device__ constexpr int wg_red_offset(int head, int nt) { return wg_p_offset(head, nt) + 128 * 8 * nt; }
 __host__ __device__ constexpr int wg_ring_offset(int head, int nt, int stages) {
-  return (wg_red_offset(head, nt) + 7 * 8 * nt * 4 + stages * kWgTile * 4 + 127) / 128 * 128;
+  return (wg_red_offset(head, nt) + 7 * 8 * nt * 4 + (stages < 2 ? 2 : stages) * kWgTile * 4 + 127) / 128 * 128;
 }
 // 1024 bytes of slack align the base.
 __host__ __device__ constexpr int wg_smem(int head, int mode, int nt, int stages) {
@@ -200,7 +206,7 @@ RAD_DEVICE void load_v_fragments(uint32_t (&a)[4][4], uint32_t v_s, int mb, int 
 
 // Thread t of warp w holds S^T and O^T fragments at rows 16w + t / 4 (+ 8) and columns 8j + 2(t % 4)
 // (+ 1), j < NT: s[j][e + 2h] is row +8h, column +e.
-template <int HEAD, int MODE, int NT>
+template <int HEAD, int MODE, int NT, bool SINGLE>
 __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const SplitKvArgs p) {
 #ifdef RADIANCE_WGMMA  // sm_90a; elsewhere the launch is refused before it is made
   constexpr bool FP8 = mode_fp8(MODE);
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   // k_scale are issued together, the entries first (the first copies wait for them): the three
   // are independent, so their round trips overlap instead of following one another (issued after
   // the ring's start, the query's and k_scale's took 16% of the stall samples of a 4-tile block).
-  const KvRing<HEAD, RB, kWgThreads, kWgTile> kv(p, blk, ring, entries, tile);
+  const KvRing<HEAD, RB, kWgThreads, kWgTile, SINGLE> kv(p, blk, ring, entries, tile);
   int first_entries[5];
   kv.load_first_entries(first_entries);
   constexpr int LPR = HEAD / 16;  // threads a query row
@@ -283,12 +289,21 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   const int first_end = context + q_block * p.block_q + 1;  // keys the block's first row sees
 
   for (int t = lo; t < hi; ++t) {
-    copy_wait_pending(stages - 2);
-    __syncthreads();  // tile t landed everywhere; tile t - 1's buffer is free
-    if (next_tile < hi) kv.issue(next_tile);
-    const int ahead = kv.entry(next_tile + 1);
-    ++next_tile;
-    copy_commit();
+    int ahead;
+    if constexpr (SINGLE) {  // next_tile is t + 1 here
+      copy_wait<0>();
+      __syncthreads();  // tile t's K rows landed everywhere; tile t - 1's V rows are read
+      if (t > lo) kv.issue_v(t);
+      copy_commit();
+      ahead = kv.entry(t + 2);
+    } else {
+      copy_wait_pending(stages - 2);
+      __syncthreads();  // tile t landed everywhere; tile t - 1's buffer is free
+      if (next_tile < hi) kv.issue(next_tile);
+      ahead = kv.entry(next_tile + 1);
+      ++next_tile;
+      copy_commit();
+    }
     const uint32_t k_s = shared_address(kv.stage(t)), v_s = k_s + tile * RB;
     const int par = (t - lo) & 1;
 
@@ -355,7 +370,11 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
 #pragma unroll
       for (int j = 0; j < NT; ++j)
         *reinterpret_cast<float2*>(red + warp * N + 8 * j + 2 * tq) = make_float2(cm[j][0], cm[j][1]);
-    __syncthreads();  // every warp's column maxima are in
+    __syncthreads();  // every warp's column maxima are in (and, so, every warp's K fragments)
+    if constexpr (SINGLE) {
+      if (t + 1 < hi) kv.issue_k(t + 1);
+      copy_commit();
+    }
 
     // new running maxima (the same in every warp), probabilities to shared memory, sums
     const float* old_max = cmax + par * N;
@@ -417,8 +436,9 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
           o[mb][j][3] *= alpha[j][1];
         }
     }
+    if constexpr (SINGLE) copy_wait<1>();  // tile t's V rows (tile t + 1's K rows may still fly)
     fence_proxy_async();
-    __syncthreads();  // P is in shared memory
+    __syncthreads();  // P is in shared memory (SINGLE: and tile t's V rows)
 
     // O^T += V^T P^T: warp w's 16 head rows of each 64-row block as A, 16 keys a step; one
     // 64-row block a group, its fragments loaded as the first product's are.
@@ -436,7 +456,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
     // Retired here, not under the next tile's first product: with the PV groups in flight across
     // the loop's back edge, ptxas serializes every wgmma (C7513).
     wgmma_wait<0>();
-    kv.keep(next_tile, ahead);  // read after the next iteration's barrier
+    kv.keep(SINGLE ? t + 2 : next_tile, ahead);  // read after the next iteration's barrier
   }
 #pragma unroll
   for (int mb = 0; mb < MB; ++mb) fence_accumulators(o[mb]);
@@ -486,12 +506,18 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
 #endif  // RADIANCE_WGMMA
 }
 
-template <int HEAD, int MODE, int NT>
-rad_error_t launch_split_kv_warpgroup(dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
-  auto kernel = split_kv_warpgroup_kernel<HEAD, MODE, NT>;
+template <int HEAD, int MODE, int NT, bool SINGLE>
+rad_error_t launch_split_kv_warpgroup_ring(dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+  auto kernel = split_kv_warpgroup_kernel<HEAD, MODE, NT, SINGLE>;
   static int opted_in[64] = {};
   if (const rad_error_t e = opt_in_dynamic_smem(kernel, smem, opted_in)) return e;
   return rad_launch(kernel, grid, dim3(kWgThreads), stream, p, 1, (size_t)smem);
+}
+
+template <int HEAD, int MODE, int NT>
+rad_error_t launch_split_kv_warpgroup(dim3 grid, const SplitKvArgs& p, int smem, rad_stream_t stream) {
+  return p.stages == 1 ? launch_split_kv_warpgroup_ring<HEAD, MODE, NT, true>(grid, p, smem, stream)
+                       : launch_split_kv_warpgroup_ring<HEAD, MODE, NT, false>(grid, p, smem, stream);
 }
 
 template <int HEAD, int MODE>
@@ -534,7 +560,7 @@ RAD_EXPORT int radiance_split_kv_warpgroup_supported(void) {
 // Shared memory bytes a launch takes (0 for shapes it has no instance of): callers check it
 // against the device's limit before launching.
 RAD_EXPORT int radiance_split_kv_warpgroup_smem(int head, int mode, int n_tiles, int stages) {
-  if ((head != 128 && head != 256) || mode < 0 || mode > 3 || !radiance::wg_cols_ok(n_tiles) || stages < 2 ||
+  if ((head != 128 && head != 256) || mode < 0 || mode > 3 || !radiance::wg_cols_ok(n_tiles) || stages < 1 ||
       stages > 5)
     return 0;
   return radiance::wg_smem(head, mode, n_tiles, stages);
