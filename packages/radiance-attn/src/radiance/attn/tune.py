@@ -64,9 +64,9 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # split_kv_kernel.md section 10); a GPU without it refuses these shapes and the sweep leaves them out.
 # The pass runs one warpgroup whatever "warps" says: the entry's warps are for the Triton pass,
 # which runs the launch where the warpgroup pass cannot (8 for 128-row blocks, as above).
-# "wg_s1" (wider blocks): its one-stage ring (a tile's K and V buffers, each refilled as soon as
-# it is read: half the shared memory of two stages), which on an H100 took 0.88-0.89x the
-# two-stage time for head 256 on bf16 KV at width 9 from 32K x 8 and 128K x 1 (two blocks an SM
+# "wg_s1": its one-stage ring (a tile's K and V buffers, each refilled as soon as it is read: half
+# the shared memory of two stages), which on an H100 took 0.92-0.98x the two-stage time for head
+# 256 on bf16 KV by width (0.88-0.89x at width 9 from 32K x 8 and 128K x 1: two blocks an SM
 # instead of one), and 1.02-1.09x on fp8 KV (split_kv_kernel.md section 17).
 # 32-row blocks also get radiance's 4-warp 32-key and 128-key tiles: in the 05:29 UTC H200 sweep
 # head 128's width-6 steps (24 rows, a 32-row block, 64-key tiles) ran slower than its width-9
@@ -83,6 +83,7 @@ BASE_SHAPES = {
     "rk_t32w2s2_ta": {"tile": 32, "warps": 2, "stages": 2, "kernel": "radiance", "table_ahead": True},
     "rk_t64w4s3_ta": {"tile": 64, "warps": 4, "stages": 3, "kernel": "radiance", "table_ahead": True},
     "wg_s2": {**WARPGROUP, "stages": 2},
+    "wg_s1": {**WARPGROUP, "stages": 1},
 }
 WIDE_SHAPES = {
     32: {"t64w4s2": {"tile": 64, "warps": 4, "stages": 2},
