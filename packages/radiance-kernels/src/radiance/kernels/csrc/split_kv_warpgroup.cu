@@ -26,24 +26,25 @@
 //
 // Query rows and P are stored K-major with the 128-byte swizzle (wgmma.cuh); the KV ring is
 // split_kv_common.cuh's. At stages = 1 it is one tile's K and V buffers (SINGLE): tile t + 1's K
-// rows are copied once every warp has read tile t's (the column-maxima barrier), tile t's V rows
-// at the top of tile t, once every warp has read tile t - 1's, so a V copy has the first product
-// and the softmax to land and a K copy the softmax and the second product. On bf16 KV at head 256
-// that halves the ring and fits two blocks an SM instead of one (0.88-0.95x the time at widths
-// 2-9 from 128K x 1 on an H100); where two stages already fit two or more blocks, the shorter
-// lead costs more than it frees (fp8 KV: 1.02-1.09x; split_kv_kernel.md, section 17). Shared
-// memory at head 256, fp8, N = 72, two stages: 113 KB, two blocks an SM. That instance holds 144 + 36 fp32 accumulators a thread, too many for every MMA group's
-// A fragments in registers of their own: it retires each group before loading the next
-// (wg_retire_each_group), 3-9% faster than the wgmmas ptxas otherwise serializes (C7512). Three
-// other remedies measured slower: two fragment buffers a product (the next group's converted once
-// the group before has retired; split_kv_kernel.md, section 11), two blocks each holding half of
-// O^T, which compute S^T twice (section 10), and a block of two warpgroups, each computing S^T of
-// its own tile and half of O^T over both, in lock-step (1.13-1.23x; section 13). Issuing the next
-// tile's first product before this tile's softmax (FlashAttention-3's order in one warpgroup) was
-// slower too, at head 128: 1.01-1.05x on bf16 KV, 1.09-1.38x on fp8 (section 14). An 8-row
-// instance for plain decode (8 heads a KV head run unpadded, one block more an SM on fp8 KV) was
-// 0.96-0.97x the time at single 32K sequences and up to 1.11x at 8 sequences (section 16), so a
-// decode block stays 16 rows. The files are radiance-attn's.
+// rows are copied once every warp has read tile t's (the column-maxima barrier), tile t's V rows at
+// the top of tile t, once every warp has read tile t - 1's, so a V copy has the first product and
+// the softmax to land and a K copy the softmax and the second product. On bf16 KV at head 256 that
+// halves the ring and fits two blocks an SM instead of one (0.88-0.95x the time at widths 1-9 at
+// 128K x 1 on an H100); where two stages already fit two or more blocks, the shorter lead costs
+// more than it frees (fp8 KV: 1.02-1.09x; split_kv_kernel.md, section 17). Shared memory at head
+// 256, fp8, N = 72, two stages: 113 KB, two blocks an SM. That instance holds 144 + 36 fp32
+// accumulators a thread, too many for every MMA group's A fragments in registers of their own: it
+// retires each group before loading the next (wg_retire_each_group), 3-9% faster than the wgmmas
+// ptxas otherwise serializes (C7512). Three other remedies measured slower: two fragment buffers a
+// product (the next group's converted once the group before has retired; split_kv_kernel.md,
+// section 11), two blocks each holding half of O^T, which compute S^T twice (section 10), and a
+// block of two warpgroups, each computing S^T of its own tile and half of O^T over both, in
+// lock-step (1.13-1.23x; section 13). Issuing the next tile's first product before this tile's
+// softmax (FlashAttention-3's order in one warpgroup) was slower too, at head 128: 1.01-1.05x on
+// bf16 KV, 1.09-1.38x on fp8 (section 14). An 8-row instance for plain decode (8 heads a KV head
+// run unpadded, one block more an SM on fp8 KV) was 0.96-0.97x the time at single 32K sequences and
+// up to 1.11x at 8 sequences (section 16), so a decode block stays 16 rows. The files are
+// radiance-attn's.
 #include "split_kv_common.cuh"
 #include "wgmma.cuh"
 
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
 
   for (int t = lo; t < hi; ++t) {
     int ahead;
-    if constexpr (SINGLE) {  // next_tile is t + 1 here
+    if constexpr (SINGLE) {
       copy_wait<0>();
       __syncthreads();  // tile t's K rows landed everywhere; tile t - 1's V rows are read
       if (t > lo) kv.issue_v(t);
