@@ -733,7 +733,9 @@ def main(argv=None) -> int:
                        "best": best_key, "best_us": cands[best_key], "floor_us": b.floor_us(ctx, seqs)})
         print(f"  {k.name:14s} ctx={ctx:6d} seqs={seqs} w={width}: stock {stock_us:8.1f} us, "
               f"best {cands[best_key]:8.1f} us ({best_key}), floor {b.floor_us(ctx, seqs):7.1f} us", flush=True)
-    to_extend = [p for p in merged if p["class"] in extend]
+    # longest contexts first (a class at a time), so a budget cut leaves out short contexts, not the
+    # >= 32K points the 2x-of-the-floor target is about
+    to_extend = sorted((p for p in merged if p["class"] in extend), key=lambda p: (p["class"], -p["ctx"]))
     if to_extend:  # build the added launch shapes in parallel first, as the sweep does
         by_point = {(p["class"], p["ctx"], p["seqs"], p["width"]): p for p in to_extend}
         pre = precompile(str(args.kernel_src), [(next(c for c in CLASSES if c.name == p["class"]), p["ctx"], p["seqs"],
