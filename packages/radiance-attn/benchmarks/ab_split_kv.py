@@ -120,8 +120,9 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
                 c = launch_of(r["best"], r["width"], group)
                 launches = {label: c}
                 if form == "warpgroup":
-                    launches.update((f"{label}-{v}", ring_variant(c, v)) for v in rings
-                                    if ring_variant(c, v).num_segments <= max(tune.RADIANCE_SEGMENTS))
+                    variants = {f"{label}-{v}": ring_variant(c, v) for v in rings}
+                    launches.update((lab, v) for lab, v in variants.items()
+                                    if v.num_segments <= max(tune.RADIANCE_SEGMENTS))
                 run = lambda kw, c: split_kv_kernel.launch(
                     kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"], kw["block_table"],
                     kw["max_seqlen_q"], kw["softmax_scale"], kw["k_descale"], kw["v_descale"], c, b.segm_out,

@@ -324,7 +324,8 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     or 32) of a tile, ``num_stages`` its ring depth, BLOCK_M unused); "cuda_warpgroup": its
     warpgroup-MMA form (``split_kv_partial_warpgroup``, sm_90: the query rows as the MMA's N,
     padded to 16, 32, 40, 48 or 72; ``tile_size`` must be its 64 keys; ``num_stages`` the ring
-    depth; BLOCK_M and ``num_warps`` unused). The same reduce follows.
+    depth, 1 for one tile's K and V buffers; BLOCK_M and ``num_warps`` unused). The same reduce
+    follows.
     """
     import torch
 
@@ -334,6 +335,7 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
     if v_in_registers is None:
         v_in_registers = q.is_cuda and _ptx_fp8_conversion(q.device.index)
 
+    _, reduce = _kernels()
     num_tokens, num_q_heads, head = q.shape
     units = num_tokens * num_q_heads * launch_cfg.num_segments
     head_p = 1 << (head - 1).bit_length()
@@ -373,24 +375,13 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
         compiled = _launch_triton_partial(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table,
                                           softmax_scale, k_scale, v_scale, launch_cfg, part_out,
                                           part_max, part_sum, v_in_registers, q_blocks, fp8, head_p)
-    launch_reduce(out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q, max_seqlen_q, seg,
-                  launch_cfg.tile_size)
-    return compiled
-
-
-def launch_reduce(out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q, max_seqlen_q: int,
-                  num_segments: int, tile_size: int) -> None:
-    """The reduce alone (``launch`` runs it after the partial pass): every row's segments
-    rescaled and summed into ``out``."""
-    _, reduce = _kernels()
-    _, num_q_heads, head = out.shape
-    head_p = 1 << (head - 1).bit_length()
-    d_chunk = max(16, min(head_p, 4096 // num_segments))  # <= 32 fp32 partials a thread at 4 warps
-    reduce[(seq_lens.shape[0] * int(max_seqlen_q), num_q_heads, head_p // d_chunk)](
+    d_chunk = max(16, min(head_p, 4096 // seg))  # <= 32 fp32 partials a thread at 4 warps
+    reduce[(num_seqs * int(max_seqlen_q), num_q_heads, head_p // d_chunk)](
         out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q,
-        out.stride(0), out.stride(1), num_q_heads, tile_size, int(max_seqlen_q),
-        HEAD=head, HEAD_P=head_p, NUM_SEGMENTS=num_segments, D_CHUNK=d_chunk, num_warps=4,
+        out.stride(0), out.stride(1), num_q_heads, launch_cfg.tile_size, int(max_seqlen_q),
+        HEAD=head, HEAD_P=head_p, NUM_SEGMENTS=seg, D_CHUNK=d_chunk, num_warps=4,
     )
+    return compiled
 
 
 def _launch_triton_partial(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, softmax_scale,
