@@ -29,7 +29,8 @@ and ring depth the sm_90 table ships there (named ``wg_n{rows}_st{stages}_s{segm
 query rows rounded up to eights), for a change to its narrow blocks. ``--ring 1,1x2`` times, in
 the same process and alternated with each warpgroup point's launch, that launch at other ring
 depths (and segment counts times a factor), labelled ``{label}-{variant}`` under the same launch
-name, so ``compare --base new --new new-1`` sets one depth against the other.
+name, so ``compare --base new --new new-1`` sets one depth against the other. ``reduce-cost``
+times what the reduce kernel adds to the shipped launches (each whole, and without its reduce).
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def decode_launch(shipped: policy.TritonLaunch | None, width: int, group: int) -
 
 
 def ring_variant(c: policy.TritonLaunch, variant: str) -> policy.TritonLaunch:
-    """``c`` at the ring depth ``variant`` names ("1", or "1x2": 1 stage, twice the segments)."""
+    """``c`` at the ring depth ``variant`` names ("1", or "1x2": 1 stage, twice the segments), or
+    with the reduce fused into the pass ("fr")."""
+    if variant == "fr":
+        return dataclasses.replace(c, fused_reduce=True)
     stages, _, factor = variant.partition("x")
     return dataclasses.replace(c, num_stages=int(stages), num_segments=c.num_segments * int(factor or 1))
 
@@ -142,6 +146,51 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
                                         "gpu": torch.cuda.get_device_name(dev)}) + "\n")
                     print(f"{lab}: {form:9s} {k.name:14s} {r['ctx']:6d} x {r['seqs']} w{r['width']} {r['best']:22s} "
                           f"{min(ts):8.1f} us (shipped {ship:8.1f})", flush=True)
+            del b
+    return 0
+
+
+def reduce_cost(out: Path, kernel_src: str, reps: int = 3) -> int:
+    """What the reduce kernel adds to the shipped launch: at 32K and 128K x 1 and 8 sequences x
+    widths 1, 4, 9 of every class, the sm_90 table's launch timed whole and with its reduce
+    kernel left out (the partial pass alone), alternated ``reps`` times, the faster of each kept;
+    one JSON line a point."""
+    import torch
+
+    module, dev, arch, sms = tune.probe_device(kernel_src)
+    shipped = RadianceUnifiedAttention(module, arch=arch, num_sms=sms)
+    kernels = split_kv_kernel._kernels
+
+    class _NoReduce:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    points = [(ctx, seqs, w) for ctx, seqs in DECODE_POINTS for w in (1, 4, 9)]
+    with out.open("a") as f:
+        for k in tune.CLASSES:
+            torch.cuda.empty_cache()
+            b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev)
+            for ctx, seqs, w in points:
+                rs = [b.radiance_kwargs(kw) for kw in b.point(ctx, seqs, w)]
+                _, c = tune.time_wrapper(shipped, b, b.point(ctx, seqs, w))
+                if c is None or c.kernel != "radiance":  # vLLM's own reduce: not this kernel's
+                    continue
+                fns = [lambda kw=kw: shipped.launch(kw, c) for kw in rs]
+                times = defaultdict(list)
+                try:
+                    for _ in range(reps):
+                        split_kv_kernel._kernels = kernels
+                        times["full_us"].append(tune.time_graph(fns))
+                        split_kv_kernel._kernels = lambda: (kernels()[0], _NoReduce())
+                        times["partial_us"].append(tune.time_graph(fns))
+                finally:
+                    split_kv_kernel._kernels = kernels
+                row = {"class": k.name, "ctx": ctx, "seqs": seqs, "width": w, "launch": c.describe(),
+                       **{what: min(ts) for what, ts in times.items()}, "floor_us": b.floor_us(ctx, seqs),
+                       "gpu": torch.cuda.get_device_name(dev)}
+                f.write(json.dumps(row) + "\n")
+                print(f"{k.name:14s} {ctx:6d} x {seqs} w{w} whole {row['full_us']:7.1f} us, partial pass "
+                      f"{row['partial_us']:7.1f} us, reduce {row['full_us'] - row['partial_us']:5.1f} us", flush=True)
             del b
     return 0
 
@@ -221,6 +270,9 @@ def main(argv=None) -> int:
                    help="widths (e.g. 1,2): the warpgroup pass's narrow blocks instead of the probes' points")
     t.add_argument("--ring", type=lambda v: tuple(v.split(",")), default=(),
                    help="ring variants of each warpgroup launch (e.g. 1,1x2: 1 stage; 1 stage, twice the segments)")
+    r = sub.add_parser("reduce-cost")
+    r.add_argument("--out", required=True, type=Path)
+    r.add_argument("--kernel-src", required=True)
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -230,6 +282,8 @@ def main(argv=None) -> int:
     if args.cmd == "time":
         return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES),
                            args.decode, args.ring)
+    if args.cmd == "reduce-cost":
+        return reduce_cost(args.out, args.kernel_src)
     return compare(args.jsonl, args.base, args.new, args.md)
 
 

@@ -28,6 +28,13 @@ struct SplitKvArgs {
   int64_t bt_stride;
   int num_q_heads, q_blocks_per_seq, num_segments, group, block_q, block_size;
   int kw, stages;  // key warps (split_kv_attention.cu; 1 in split_kv_warpgroup.cu), ring depth
+  // The reduce fused into the warpgroup pass (reduce_group below; counters null: partials only):
+  // the output [tokens, q_heads, head] in the queries' dtype with its strides (elements), a
+  // counter a (sequence, query block, KV head), the blocks of a group that reduce it.
+  void* out;
+  int64_t out_st, out_sh;
+  unsigned* counters;
+  int reducers;
 };
 
 // mode: 0 fp8 KV with bf16 queries, 1 fp8 KV with fp16 queries, 2 bf16, 3 fp16 (KV and queries).
@@ -220,6 +227,128 @@ struct SplitKvBlock {
     return p.q + (token * p.q_st + head * p.q_sh + 16 * i) * 2;
   }
 };
+
+// ---- the reduce, fused: the last blocks of a group combine its segments ----------------------
+// A separate reduce kernel costs a launch and a round trip through memory after the partial
+// pass: 2.6-6 us at single sequences, up to 17 us at 8 x 128K x width 9 (H100, the sm_90 table's
+// launches). Fused, every block of a (sequence, query block, KV head) group stores its partial
+// rows as before and counts itself in the group's counter (a release add: the block does not wait
+// for it); the group's last `reducers` segments' blocks then wait until all `num_segments` have
+// counted, and each combines a slice of the group's outputs (rows x head / 4 float4 items) over
+// the segments and writes it in the queries' dtype. A waiting block waits only for blocks of its
+// own group; at most groups x reducers blocks wait at once and the host keeps that below the
+// blocks the device holds at once, so a free slot always remains for the rest.
+// The counter resets itself: each reducer takes a second ticket when done, and the last of those
+// stores 0, after every reducer has left its wait; the next launch on the stream starts at 0.
+// Memory order is the semaphore pattern: stores, bar.sync, one thread's gpu-scope release add;
+// the waiters' acquire load, bar.sync, then loads that bypass L1.
+// The combination is the reduce kernel's: per row the maxima's top, each segment weighted by
+// exp2(its max - top), the weighted partials over the weighted exp-sums; only segments holding a
+// key the row sees take part (the others stored nothing, or never ran).
+RAD_DEVICE unsigned load_acquire_gpu(const unsigned* a) {
+  unsigned v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+#else
+  v = *(volatile const unsigned*)a;
+#endif
+  return v;
+}
+RAD_DEVICE void add_release_gpu(unsigned* a, unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+#else
+  __threadfence();
+  atomicAdd(a, v);
+#endif
+}
+
+template <int HEAD, int MODE, int THREADS>
+RAD_DEVICE void reduce_group(const SplitKvArgs& p, const SplitKvBlock& blk, int tile) {
+  unsigned* const counter = p.counters + (blockIdx.y * gridDim.x + blockIdx.x);
+  const unsigned n = (unsigned)p.num_segments;
+  const int rank = (int)blockIdx.z - (p.num_segments - p.reducers);  // the group's last segments reduce
+  __syncthreads();  // this block's partial rows are stored
+  if (threadIdx.x == 0) {
+    add_release_gpu(counter, 1u);  // publishes the block's stores (bar.sync, then a gpu-scope release)
+    if (rank >= 0)
+      while (load_acquire_gpu(counter) < n) __nanosleep(20);
+  }
+  if (rank < 0) return;
+  __syncthreads();
+
+  constexpr int V4 = HEAD / 4;
+  constexpr int CHUNK = 8;  // segments a lane requests at once
+  const int items = blk.rows * V4;  // 0 for a query block past the sequence's tokens
+  const int per = (items + p.reducers - 1) / p.reducers;
+  const int first = rank * per, last = min(items, first + per);
+  // Lanes an item: as many as spread this block's items over its threads in one pass (at most a
+  // warp, at most the segments), so a lane's requests for all its segments go out together and a
+  // slice costs about one round trip to L2, not one a pass.
+  int lanes = 32;
+  while (lanes > 1 && (lanes * max(last - first, 1) > THREADS || lanes > p.num_segments)) lanes >>= 1;
+  const int lane = threadIdx.x & 31, k = lane % lanes;
+  const int num_tiles = (blk.seq_len + tile - 1) / tile;
+  const int per_seg = (num_tiles + p.num_segments - 1) / p.num_segments;
+  for (int base = first + (int)(threadIdx.x >> 5) * (32 / lanes); base < last; base += THREADS / lanes) {
+    const int it = base + lane / lanes;  // whole warps a pass: `base` is the same across the warp
+    const bool valid = it < last;
+    const int r = valid ? it / V4 : 0, c4 = it % V4;
+    const int pos = blk.q_block * p.block_q + r / p.group;
+    const int head = blk.kv_head * p.group + r % p.group;
+    const int active = valid ? ((blk.context + pos + tile) / tile + per_seg - 1) / per_seg : 0;
+    const int64_t unit0 = ((int64_t)(blk.q_start + pos) * p.num_q_heads + head) * p.num_segments;
+    float top = -INFINITY, tot = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = k; s0 < active; s0 += CHUNK * lanes) {
+      float m[CHUNK], l[CHUNK];
+      float4 v[CHUNK];
+#pragma unroll
+      for (int i = 0; i < CHUNK; ++i) {
+        const int s = s0 + i * lanes;
+        const bool ok = s < active;
+        m[i] = ok ? __ldcg(p.part_max + unit0 + s) : -INFINITY;
+        l[i] = ok ? __ldcg(p.part_sum + unit0 + s) : 0.f;
+        v[i] = ok ? __ldcg(reinterpret_cast<const float4*>(p.part_out + (unit0 + s) * HEAD) + c4)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float t = top;
+#pragma unroll
+      for (int i = 0; i < CHUNK; ++i) t = fmaxf(t, m[i]);
+      if (t == -INFINITY) continue;  // the row saw no key of these segments
+      const float c = top == -INFINITY ? 0.f : fast_exp2(top - t);
+      tot *= c, acc.x *= c, acc.y *= c, acc.z *= c, acc.w *= c;
+      top = t;
+#pragma unroll
+      for (int i = 0; i < CHUNK; ++i) {
+        const float w = m[i] == -INFINITY ? 0.f : fast_exp2(m[i] - top);
+        tot += w * l[i], acc.x += w * v[i].x, acc.y += w * v[i].y, acc.z += w * v[i].z, acc.w += w * v[i].w;
+      }
+    }
+    for (int o = 1; o < lanes; o <<= 1) {  // the item's lanes combine their segments
+      const float t2 = rad_shfl_xor(top, o);
+      const float t = fmaxf(top, t2);
+      const float a = top == -INFINITY ? 0.f : fast_exp2(top - t), b = t2 == -INFINITY ? 0.f : fast_exp2(t2 - t);
+      tot = tot * a + rad_shfl_xor(tot, o) * b;
+      acc.x = acc.x * a + rad_shfl_xor(acc.x, o) * b;
+      acc.y = acc.y * a + rad_shfl_xor(acc.y, o) * b;
+      acc.z = acc.z * a + rad_shfl_xor(acc.z, o) * b;
+      acc.w = acc.w * a + rad_shfl_xor(acc.w, o) * b;
+      top = t;
+    }
+    if (valid && k == 0) {
+      constexpr bool BF16 = mode_bf16_query(MODE);
+      const float inv = 1.f / tot;
+      uint2 packed;
+      packed.x = pack2<BF16>(acc.x * inv, acc.y * inv);
+      packed.y = pack2<BF16>(acc.z * inv, acc.w * inv);
+      uint16_t* out = static_cast<uint16_t*>(p.out) + (int64_t)(blk.q_start + pos) * p.out_st + head * p.out_sh;
+      *reinterpret_cast<uint2*>(out + 4 * c4) = packed;
+    }
+  }
+  __syncthreads();  // every thread has left the loop (the counter is not read again)
+  if (threadIdx.x == 0 && atomicAdd(counter, 1u) == n + (unsigned)p.reducers - 1) atomicExch(counter, 0u);
+}
 
 // The KV ring of a block: `stages` buffers of a tile's K rows then V rows (`RB` bytes a row,
 // swizzled), filled with cp.async, TPR consecutive threads a key row so a request run covers 128
