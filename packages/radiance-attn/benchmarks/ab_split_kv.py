@@ -80,10 +80,7 @@ def decode_launch(shipped: policy.TritonLaunch | None, width: int, group: int) -
 
 
 def ring_variant(c: policy.TritonLaunch, variant: str) -> policy.TritonLaunch:
-    """``c`` at the ring depth ``variant`` names ("1", or "1x2": 1 stage, twice the segments), or
-    with the reduce fused into the pass ("fr")."""
-    if variant == "fr":
-        return dataclasses.replace(c, fused_reduce=True)
+    """``c`` at the ring depth ``variant`` names ("1", or "1x2": 1 stage, twice the segments)."""
     stages, _, factor = variant.partition("x")
     return dataclasses.replace(c, num_stages=int(stages), num_segments=c.num_segments * int(factor or 1))
 

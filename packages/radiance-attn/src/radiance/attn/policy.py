@@ -211,9 +211,6 @@ class TritonLaunch:
     # BLOCK_M, and whose ring depth is num_stages; "cuda": its mma.sync pass, which the probes
     # time and no table names). The same reduce follows each.
     partial_pass: str = "triton"
-    # The warpgroup pass only: the segments reduced by the pass's own last blocks of each group
-    # instead of a reduce kernel after it (split_kv_kernel.reduce_counters).
-    fused_reduce: bool = False
 
     @property
     def is_3d(self) -> bool:
@@ -232,7 +229,7 @@ class TritonLaunch:
         if self.kernel == "radiance":
             who = "radiance kernel, " if self.partial_pass == "triton" else f"radiance kernel ({self.partial_pass}), "
         extra = (f" registers<={self.max_registers}" if self.max_registers is not None else "") + (
-            " block-table one tile ahead" if self.table_ahead else "") + (" reduce fused" if self.fused_reduce else "")
+            " block-table one tile ahead" if self.table_ahead else "")
         return f"{who}{kind}, BLOCK_M={self.block_m} BLOCK_Q={self.block_q} TILE={self.tile_size} warps={warps}{extra}"
 
 

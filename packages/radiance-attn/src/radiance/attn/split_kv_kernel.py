@@ -190,7 +190,9 @@ if triton is not None:
         HEAD: tl.constexpr, HEAD_P: tl.constexpr, NUM_SEGMENTS: tl.constexpr, D_CHUNK: tl.constexpr,
     ):
         # One program a (token, head, D_CHUNK columns): every segment's slice is requested at once,
-        # so a row's reduce costs one memory round trip however many segments it has.
+        # so a row's reduce costs one memory round trip however many segments it has. Fused into
+        # the warpgroup pass (a group's last blocks combining its segments) it measured level with
+        # this kernel (split_kv_kernel.md, section 18): the round trips stay, only the launch goes.
         seq = tl.program_id(0) // max_q
         j = tl.program_id(0) - seq * max_q
         head = tl.program_id(1)
@@ -305,43 +307,6 @@ def warpgroup_call_refusal(q, k_cache, v_cache) -> str | None:
     return unaligned(q, k_cache, v_cache)
 
 
-# Counters of the warpgroup pass's fused reduce, one tensor a (device, stream): a launch leaves
-# its counters zero, launches on one stream run one after another, and two streams never share.
-_counters: dict[tuple[int, int], object] = {}
-_COUNTERS_MIN = 4096
-
-
-def reduce_counters(q, groups: int):
-    """Zeroed int32 counters for a fused-reduce launch of ``groups`` (sequence, query block, KV
-    head) groups on q's device and current stream, or None where none can be made now: a tensor
-    is allocated once a stream (grown outside CUDA-graph capture only; the graph keeps the
-    pointer it captured, so a tensor is never freed while a graph may hold it)."""
-    import torch
-
-    key = (q.device.index if q.device.index is not None else torch.cuda.current_device(),
-           torch.cuda.current_stream(q.device).cuda_stream)
-    t = _counters.get(key)
-    if t is not None and t.numel() >= groups:
-        return t
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    grown = torch.zeros(max(_COUNTERS_MIN, 1 << (groups - 1).bit_length()), dtype=torch.int32, device=q.device)
-    if t is not None:
-        _retired.append(t)  # a captured graph may still name it
-    _counters[key] = grown
-    return grown
-
-
-_retired: list = []
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_seqlen_q: int,
            softmax_scale: float, k_scale, v_scale, launch_cfg, part_out, part_max, part_sum,
            v_in_registers: bool | None = None, partial_pass: str | None = None):
@@ -402,22 +367,11 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
         if launch_cfg.tile_size != split_kv_attention.WARPGROUP_TILE:
             raise ValueError(f"the warpgroup partial pass takes {split_kv_attention.WARPGROUP_TILE}-key tiles, "
                              f"not {launch_cfg.tile_size}")
-        counters = None
-        groups = num_seqs * q_blocks * k_cache.shape[2]
-        # else the reduce kernel, below: the fused reduce's waiting blocks must stay fewer than the
-        # SMs (radiance-kernels' reduce_group), and it stores 4 outputs at a time
-        if launch_cfg.fused_reduce and groups < _sm_count(q.device) and out.shape == q.shape \
-                and out.stride(2) == 1 and out.data_ptr() % 8 == 0 and out.stride(0) % 4 == 0 \
-                and out.stride(1) % 4 == 0:
-            counters = reduce_counters(q, groups)
         split_kv_attention.split_kv_partial_warpgroup(
             q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum,
             softmax_scale=softmax_scale, q_blocks_per_seq=q_blocks, block_q=launch_cfg.block_q,
             num_segments=seg, stages=launch_cfg.num_stages or 2,
-            k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None,
-            **({"out": out, "counters": counters} if counters is not None else {}))
-        if counters is not None:
-            return None
+            k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
         compiled = None
     else:
         compiled = _launch_triton_partial(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table,

@@ -492,8 +492,7 @@ class KernelLibrary:
         self.split_kv_partial.argtypes = ([c_vp, c_i64, c_i64] + [c_vp, c_i64, c_i64, c_i64] * 2
                                           + [c_vp, c_i64, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_f]
                                           + [c_int] * 13 + [c_vp])
-        # Its warpgroup-MMA form (split_kv_warpgroup.cu): the same arguments, n_tiles for the warp
-        # shape, then the fused reduce's output, strides and counters (null: partials only).
+        # Its warpgroup-MMA form (split_kv_warpgroup.cu): the same arguments, n_tiles for the warp shape.
         lib.radiance_split_kv_warpgroup_supported.argtypes = []
         lib.radiance_split_kv_warpgroup_supported.restype = c_int
         self.split_kv_warpgroup_supported = lib.radiance_split_kv_warpgroup_supported
@@ -501,8 +500,7 @@ class KernelLibrary:
         lib.radiance_split_kv_warpgroup_smem.restype = c_int
         self.split_kv_warpgroup_smem = lib.radiance_split_kv_warpgroup_smem
         self.split_kv_warpgroup = lib.radiance_split_kv_warpgroup
-        self.split_kv_warpgroup.argtypes = (self.split_kv_partial.argtypes[:30] + [c_int, c_int]
-                                            + [c_vp, c_i64, c_i64, c_vp, c_i64, c_vp])
+        self.split_kv_warpgroup.argtypes = self.split_kv_partial.argtypes[:30] + [c_int, c_int, c_vp]
         # Benchmark and test only: pins an op's launch layout (vpt 0 restores the heuristic).
         self.set_launch_config = lib.radiance_set_launch_config
         self.set_launch_config.argtypes = [c_int] * 5

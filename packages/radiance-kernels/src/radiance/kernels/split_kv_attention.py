@@ -243,21 +243,13 @@ def split_kv_partial_warpgroup(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                part_out: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor, *,
                                softmax_scale: float, q_blocks_per_seq: int, block_q: int, num_segments: int,
                                stages: int = 2, n_tiles: int | None = None, k_scale: torch.Tensor | None = None,
-                               v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                               counters: torch.Tensor | None = None) -> None:
+                               v_scale: torch.Tensor | None = None) -> None:
     """``split_kv_partial``'s partials from the warpgroup form (module docstring; sm_90): the same
     tensors and checks; a block's query rows are 8 x ``n_tiles`` (default: the fewest of
     ``WARPGROUP_COLUMNS`` that hold ``block_q`` x heads-per-KV-head rows), the KV tile is
     ``WARPGROUP_TILE`` keys, ``stages`` tiles in flight (1: one tile's K and V buffers, each tile's
-    K rows copied once the tile before has been read, its V rows likewise).
-
-    With ``out`` and ``counters`` the pass also reduces: the last blocks of each (sequence, query
-    block, KV head) combine its segments into ``out`` (``[tokens, q_heads, head]``, q's dtype), so
-    no reduce kernel follows. ``counters``: int32, at least ``seqs * q_blocks_per_seq * kv_heads``,
-    zero before the first launch (a launch leaves them zero: keep one tensor and reuse it, never
-    shared by launches that may run at once, as on two streams)."""
+    K rows copied once the tile before has been read, its V rows likewise)."""
     group = _check_tensors(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out, part_max, part_sum)
-    fused = _fused_reduce_args(q, seq_lens, k_cache, q_blocks_per_seq, out, counters)
     if block_q < 1:
         raise ValueError(f"block_q must be at least 1, got {block_q}")
     if n_tiles is None:
@@ -269,24 +261,7 @@ def split_kv_partial_warpgroup(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
             warpgroup_launch_refusal(q.shape[2], k_cache.dtype, q.dtype, n_tiles, stages, smem_limit),
             warpgroup_unsupported_reason, (q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, part_out,
                                            part_max, part_sum),
-            (softmax_scale, q_blocks_per_seq, num_segments, block_q, k_scale, v_scale), (n_tiles, stages, *fused))
-
-
-def _fused_reduce_args(q, seq_lens, k_cache, q_blocks_per_seq, out, counters) -> tuple:
-    """The export's (out, out strides, counters, their count) for the fused reduce; nulls without it."""
-    if out is None and counters is None:
-        return (None, 0, 0, None, 0)
-    if out is None or counters is None:
-        raise ValueError("the fused reduce needs both out and counters")
-    if out.dtype != q.dtype or out.device != q.device or tuple(out.shape) != tuple(q.shape) or out.stride(2) != 1:
-        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} on {q.device} with the head contiguous")
-    if out.data_ptr() % 8 or out.stride(0) % 4 or out.stride(1) % 4:
-        raise ValueError("out must be 8-byte aligned with token and head strides that are multiples of 4")
-    need = seq_lens.numel() * q_blocks_per_seq * k_cache.shape[2]
-    if counters.dtype != torch.int32 or counters.device != q.device or not counters.is_contiguous() \
-            or counters.numel() < need:
-        raise ValueError(f"counters must be contiguous int32 on {q.device} holding at least {need}")
-    return (out.data_ptr(), out.stride(0), out.stride(1), counters.data_ptr(), counters.numel())
+            (softmax_scale, q_blocks_per_seq, num_segments, block_q, k_scale, v_scale), (n_tiles, stages))
 
 
 def _launch(export: str, label: str, refusal: str | None, unsupported, tensors: tuple, scalars: tuple,

@@ -50,8 +50,6 @@ int device_compute_capability() {
 
 int device_smem_optin() { return device_facts().smem_optin; }
 
-int device_sm_count() { return device_facts().sms; }
-
 static int round_up(int64_t a, int b) { return (int)((a + b - 1) / b * b); }
 
 static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }

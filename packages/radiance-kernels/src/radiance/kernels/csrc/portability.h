@@ -292,7 +292,6 @@ namespace radiance {
 bool pdl_enabled();  // sm_90+ and not switched off (abi.cu)
 int device_compute_capability();  // 90 for sm_90; 0 on HIP or when unknown (abi.cu)
 int device_smem_optin();  // the current device's per-block shared memory limit, bytes; 0 if unknown (abi.cu)
-int device_sm_count();  // the current device's multiprocessors; 0 if unknown (abi.cu)
 }
 
 #ifndef RADIANCE_HIP

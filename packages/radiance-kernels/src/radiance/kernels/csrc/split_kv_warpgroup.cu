@@ -231,10 +231,7 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
   const int tile = kWgTile, stages = p.stages;
   rad_wait_prior_grids();  // everything below reads what earlier kernels wrote
   const SplitKvBlock blk(p, tile);
-  if (blk.lo >= blk.hi) {  // no key of the segment is seen: nothing to store, but the group counts it
-    if (p.counters != nullptr) reduce_group<HEAD, MODE, kWgThreads>(p, blk, tile);
-    return;
-  }
+  if (blk.lo >= blk.hi) return;
   const int q_block = blk.q_block, kv_head = blk.kv_head, seg = blk.seg;
   const int q_start = blk.q_start, context = blk.context, lo = blk.lo, hi = blk.hi;
   const int rows = blk.rows;  // real columns; the rest pad
@@ -507,7 +504,6 @@ __global__ void __launch_bounds__(kWgThreads) split_kv_warpgroup_kernel(const Sp
         p.part_sum[unit] = red[col] + red[N + col] + red[2 * N + col] + red[3 * N + col];
       }
     }
-  if (p.counters != nullptr) reduce_group<HEAD, MODE, kWgThreads>(p, blk, tile);
 #endif  // RADIANCE_WGMMA
 }
 
@@ -516,27 +512,7 @@ rad_error_t launch_split_kv_warpgroup_ring(dim3 grid, const SplitKvArgs& p, int 
   auto kernel = split_kv_warpgroup_kernel<HEAD, MODE, NT, SINGLE>;
   static int opted_in[64] = {};
   if (const rad_error_t e = opt_in_dynamic_smem(kernel, smem, opted_in)) return e;
-  if (p.counters == nullptr) return rad_launch(kernel, grid, dim3(kWgThreads), stream, p, 1, (size_t)smem);
-  // The fused reduce's waiting blocks (reduce_group): groups x reducers of them at most, kept
-  // below the blocks the device holds at once, so one always runs.
-  static int resident[64][2] = {};  // per device: the smem the count was taken at, blocks an SM
-  int dev = 0;
-  if (const rad_error_t e = cudaGetDevice(&dev)) return e;
-  if (dev < 0 || dev >= 64) return rad_error_invalid_value;
-  if (resident[dev][0] != smem) {
-    int per_sm = 0;
-    if (const rad_error_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWgThreads, smem))
-      return e;
-    resident[dev][0] = smem;
-    resident[dev][1] = per_sm;
-  }
-  const long slots = (long)resident[dev][1] * device_sm_count();
-  const long groups = (long)grid.x * grid.y;
-  if (slots < 1) return rad_error_invalid_value;
-  SplitKvArgs q = p;
-  if (groups >= slots) return rad_error_invalid_value;
-  q.reducers = (int)std::min<long>(p.num_segments, (slots - 1) / groups);
-  return rad_launch(kernel, grid, dim3(kWgThreads), stream, q, 1, (size_t)smem);
+  return rad_launch(kernel, grid, dim3(kWgThreads), stream, p, 1, (size_t)smem);
 }
 
 template <int HEAD, int MODE, int NT>
@@ -594,13 +570,8 @@ RAD_EXPORT int radiance_split_kv_warpgroup_smem(int head, int mode, int n_tiles,
 // The partial pass on warpgroup MMAs (see the top); the arguments are radiance_split_kv_partial's
 // (split_kv_attention.cu) with n_tiles (2, 4, 5, 6 or 9) x 8 query rows a block instead of its
 // warp shape: block_q x (num_q_heads / num_kv_heads) <= 8 n_tiles, and the KV tile is 64 keys (the
-// unit the segments split, which the reduce must use too). With `counters` (num_counters of them,
-// at least num_seqs x q_blocks_per_seq x num_kv_heads, all 0 before the first launch; a launch
-// leaves them 0) the pass also reduces (reduce_group in split_kv_common.cuh) into `out`, the
-// queries' dtype, [tokens, q_heads, head] with head contiguous, strides out_st / out_sh elements
-// (multiples of 4, base 8-byte aligned); launches that share counters must not run concurrently.
-// Without (null), only the partials. Returns 0, or the invalid-value code (nothing launched) for
-// anything it cannot run.
+// unit the segments split, which the reduce must use too). Returns 0, or the invalid-value code
+// (nothing launched) for anything it cannot run.
 RAD_EXPORT int radiance_split_kv_warpgroup(const void* q, int64_t q_st, int64_t q_sh, const void* k, int64_t k_sb,
                                            int64_t k_ss, int64_t k_sh, const void* v, int64_t v_sb, int64_t v_ss,
                                            int64_t v_sh, const int* block_table, int64_t bt_stride,
@@ -608,16 +579,14 @@ RAD_EXPORT int radiance_split_kv_warpgroup(const void* q, int64_t q_st, int64_t 
                                            float* part_sum, const float* k_scale, const float* v_scale,
                                            float scale_log2, int head, int mode, int num_seqs, int num_kv_heads,
                                            int num_q_heads, int q_blocks_per_seq, int num_segments, int block_q,
-                                           int block_size, int n_tiles, int stages, void* out, int64_t out_st,
-                                           int64_t out_sh, unsigned* counters, int64_t num_counters,
-                                           void* stream) {
+                                           int block_size, int n_tiles, int stages, void* stream) {
 #ifdef RADIANCE_HIP
   (void)q, (void)q_st, (void)q_sh, (void)k, (void)k_sb, (void)k_ss, (void)k_sh, (void)v, (void)v_sb;
   (void)v_ss, (void)v_sh, (void)block_table, (void)bt_stride, (void)seq_lens, (void)cu_q;
   (void)part_out, (void)part_max, (void)part_sum, (void)k_scale, (void)v_scale, (void)scale_log2;
   (void)head, (void)mode, (void)num_seqs, (void)num_kv_heads, (void)num_q_heads;
   (void)q_blocks_per_seq, (void)num_segments, (void)block_q, (void)block_size, (void)n_tiles;
-  (void)stages, (void)out, (void)out_st, (void)out_sh, (void)counters, (void)num_counters, (void)stream;
+  (void)stages, (void)stream;
   return (int)rad_error_invalid_value;
 #else
   using namespace radiance;
@@ -630,15 +599,6 @@ RAD_EXPORT int radiance_split_kv_warpgroup(const void* q, int64_t q_st, int64_t 
                                        scale_log2, mode, num_seqs, num_kv_heads, num_q_heads, q_blocks_per_seq,
                                        num_segments, block_q, block_size, 8 * n_tiles, 1, stages, &p))
     return e;
-  if (counters != nullptr) {
-    if (out == nullptr || reinterpret_cast<uintptr_t>(out) % 8 || out_st < 0 || out_sh < 0 || (out_st | out_sh) % 4 ||
-        num_counters < (int64_t)num_seqs * q_blocks_per_seq * num_kv_heads)
-      return bad;
-    p.out = out;
-    p.out_st = out_st;
-    p.out_sh = out_sh;
-    p.counters = counters;
-  }
   const dim3 grid((unsigned)(num_seqs * q_blocks_per_seq), (unsigned)num_kv_heads, (unsigned)num_segments);
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   return (int)(head == 256 ? launch_split_kv_warpgroup_mode<256>(mode, n_tiles, grid, p, smem, s)
