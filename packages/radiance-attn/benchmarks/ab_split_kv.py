@@ -168,8 +168,9 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3) -> int:
             torch.cuda.empty_cache()
             b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev)
             for ctx, seqs, w in points:
-                rs = [b.radiance_kwargs(kw) for kw in b.point(ctx, seqs, w)]
-                _, c = tune.time_wrapper(shipped, b, b.point(ctx, seqs, w))
+                sets = b.point(ctx, seqs, w)
+                rs = [b.radiance_kwargs(kw) for kw in sets]
+                _, c = tune.time_wrapper(shipped, b, sets)
                 if c is None or c.kernel != "radiance":  # vLLM's own reduce: not this kernel's
                     continue
                 fns = [lambda kw=kw: shipped.launch(kw, c) for kw in rs]
