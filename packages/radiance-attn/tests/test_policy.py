@@ -47,6 +47,19 @@ def test_split_rule_edges():
     assert policy.split_count(64, 64 * 1000, unsplit) == 1
 
 
+def test_split_rule_with_its_own_programs_exponent():
+    # exp 0, programs_exp 1: a fixed number of blocks a launch (256), whatever the context
+    blocks = {"coef": 256, "exp": 0, "programs_exp": 1, "min": 4, "max": 256}
+    assert [policy.split_count(tiles, 2, blocks) for tiles in (512, 1024, 2048)] == [128, 128, 128]
+    assert [policy.split_count(2048, programs, blocks) for programs in (2, 4, 16, 24)] == [128, 64, 16, 8]
+    assert policy.split_count(64, 1, blocks) == 64  # still no more segments than tiles
+    assert policy.split_count(2048, 1000, blocks) == 4  # nor fewer than min
+    # 100 * 1024**0.25 / 8**0.75 = 119.0 -> 64
+    assert policy.split_count(1024, 8, {"coef": 100, "exp": 0.25, "programs_exp": 0.75, "min": 4, "max": 256}) == 64
+    # absent, it is exp: the stated rule
+    assert policy.split_count(2048, 6, dict(SPLIT, programs_exp=1 / 3)) == policy.split_count(2048, 6, SPLIT)
+
+
 @pytest.mark.parametrize("width,seqs,qpkv,expect", [
     (9, 1, 6, None),  # 54 rows: 84% of 64 -> widen... computed below
     (6, 8, 6, None),  # 36 rows: 56% full -> stock (seed: 20% slower wide)
@@ -160,6 +173,12 @@ def test_bad_table_and_bad_geometry_rejected(tmp_path):
     with pytest.raises(ValueError):
         tables.validate({"arch": "x", "triton": {"default": {"split": {"coef": 1, "exp": 1, "min": 4, "max": 8},
                                                              "wide": {"block_m": [48]}}}})
+    for bad in ({"programs_exp": -1}, {"programs_exp": "1"}, {"coef": 0}, {"exp": None}):
+        split = dict({"coef": 1, "exp": 1, "min": 4, "max": 8}, **bad)
+        with pytest.raises(ValueError, match="split"):
+            tables.validate({"arch": "x", "triton": {"default": {"split": split}}})
+    tables.validate({"arch": "x", "triton": {"default": {"split": {"coef": 256, "exp": 0, "programs_exp": 1,
+                                                                   "min": 4, "max": 8}}}})
     with pytest.raises(ValueError):
         geo(num_query_heads=7, num_kv_heads=2)
     with pytest.raises(ValueError):

@@ -72,6 +72,23 @@ def test_fit_recovers_a_widened_block_that_wants_more_segments():
     assert rule["wide"]["launch"]["128"]["split_scale"] == 0.5
 
 
+def test_fit_recovers_a_fixed_number_of_blocks_a_launch():
+    """Where the best split fills a fixed number of blocks whatever the context (head 256 fp8 KV at
+    >= 32K on the H200: seqs x KV heads x segments = 256), ``coef * (tiles / programs) ** exp``
+    cannot follow it; the programs' own exponent can."""
+    truth = tune._rule(256.0, 0.0, 4, 0, 0.4, 8, 9, "rk_t64w8s2", {32: "t64w4s2", 64: "t32w4", 128: "rk_t64w8s2"},
+                       {128: 0.5}, programs_exp=1.0)
+    points = _points(truth)
+    rule, score = tune.fit(points, "sm_90", 8, 9)
+    assert score["unmeasured_choices"] == 0 and score["mean_regret_pct"] < 1.0, score
+    assert rule["split"].get("programs_exp", rule["split"]["exp"]) != rule["split"]["exp"]
+    fitted = {"arch": "sm_90", "triton": {"default": rule, "classes": []}}
+    truth_table = {"arch": "sm_90", "triton": {"default": truth, "classes": []}}
+    for p in points:
+        geo = tune._geo(p, "sm_90")
+        assert policy.triton_launch(geo, fitted).num_segments == policy.triton_launch(geo, truth_table).num_segments
+
+
 def test_fit_picks_the_warpgroup_pass_where_it_is_fastest():
     truth = tune._rule(22.6, 1 / 3, 4, 0, 0.4, 8, 9, "rk_t64w8s2", {32: "wg_s3", 64: "t32w4", 128: "wg_s2"},
                        {128: 0.5})

@@ -23,6 +23,11 @@ width 1-9, CUDA-graph replays):
    powers of two bound the number of compiled variants) and clamped to
    ``[min, min(max, next_pow2(tiles))]`` -- more segments than tiles only adds empty programs.
    On gfx1201 ``coef=16, exp=1/3, [4, 128]`` was within 2.2% of the best split at every point.
+   A rule may give the programs an exponent of their own (``programs_exp``): on the H200 the
+   best split of radiance's warpgroup pass at >= 32K keeps the launch at about the same number
+   of blocks whatever the context (head 256, fp8 KV: sequences x KV heads x segments = 256, two
+   blocks an SM), which ``coef / programs ** programs_exp`` with ``exp`` near 0 follows and the
+   shared exponent cannot.
 2. BLOCK_M. The stock wrappers size the query block from the GQA ratio alone (16 rows), so a
    speculative-decoding verify batch of ``w`` tokens per sequence is cut into several q-blocks
    and each one streams the sequence's whole KV again. A block wide enough for all
@@ -125,14 +130,16 @@ def q_block_count(num_tokens: int, num_seqs: int, block_q: int) -> int:
 
 
 def split_count(tiles: int, programs: int, rule: Mapping[str, Any]) -> int:
-    """Segments for one sequence's KV: ``coef * (tiles / programs) ** exp``, power-of-two floor.
+    """Segments for one sequence's KV: ``coef * tiles ** exp / programs ** programs_exp``
+    (``programs_exp`` defaults to ``exp``: ``coef * (tiles / programs) ** exp``), power-of-two floor.
 
     Clamped to ``[min, min(max, next_pow2(tiles))]``, the lower bound winning when the two cross
     (a sequence of 1-2 tiles still gets ``min`` segments; the extra ones return at once). Returns
     1 (unsplit) when the rule has ``unsplit_below`` and the estimate falls under it.
     """
     tiles = max(1, int(tiles))
-    want = float(rule["coef"]) * (tiles / max(1, int(programs))) ** float(rule["exp"])
+    exp = float(rule["exp"])
+    want = float(rule["coef"]) * tiles**exp / max(1, int(programs)) ** float(rule.get("programs_exp", exp))
     seg = floor_pow2(want)
     unsplit_below = int(rule.get("unsplit_below", 0))
     if unsplit_below and seg < unsplit_below:

@@ -8,7 +8,7 @@ bound optional; ``min`` inclusive, ``max`` exclusive): the fitted sm_90 table ba
 by ``max_seqlen_k`` that way. Lookup is by exact arch only, so a table fitted on one GPU never
 moves another's shapes.
 
-A Triton rule: ``split`` (coef, exp, min, max[, unsplit_below]) for the segment count;
+A Triton rule: ``split`` (coef, exp, min, max[, unsplit_below, programs_exp]) for the segment count;
 optional ``tile_3d`` / ``warps_3d`` / ``stages_3d`` / ``kernel_3d`` for the stock block's split
 launch (absent: vLLM's own shape and kernel; ``kernel_3d: "radiance"`` runs radiance's split-KV
 kernel); ``wide`` (``block_m`` choices, ``min_fill``, and per block a ``launch`` of tile, warps,
@@ -87,6 +87,12 @@ def validate(table: Mapping[str, Any]) -> None:
                 raise ValueError(f"table {table['arch']}: every triton rule needs split.coef/exp/min/max")
             if int(split["min"]) < 1 or int(split["max"]) < int(split["min"]):
                 raise ValueError(f"table {table['arch']}: split bounds {split['min']}..{split['max']} invalid")
+            for key in ("coef", "exp", "programs_exp"):
+                value = split.get(key, 0)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                        key == "coef" and value == 0):
+                    raise ValueError(f"table {table['arch']}: split.{key} {value!r} is not a "
+                                     f"{'positive' if key == 'coef' else 'non-negative'} number")
             for bm in (rule.get("wide") or {}).get("block_m", []):
                 if int(bm) & (int(bm) - 1):
                     raise ValueError(f"table {table['arch']}: BLOCK_M {bm} is not a power of two")

@@ -523,7 +523,8 @@ def earlier_meta(path: str) -> dict:
     return out
 
 
-def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", wide_shapes=None, wide_scales=None):
+def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", wide_shapes=None, wide_scales=None,
+          programs_exp=None):
     wide_shapes, wide_scales = wide_shapes or {}, wide_scales or {}
     launch = {}
     for bm, shapes in WIDE_SHAPES.items():
@@ -533,7 +534,8 @@ def _rule(coef, exp, lo, unsplit, fill, max_seqs, max_q, base_shape="t64w4s2", w
             launch[str(bm)]["split_scale"] = wide_scales[bm]
     shape = BASE_SHAPES[base_shape]
     rule = {"max_query_len": max_q, "max_seqs": max_seqs,
-            "split": {"coef": coef, "exp": exp, "min": lo, "max": max(_segments(shape)), "unsplit_below": unsplit},
+            "split": {"coef": coef, "exp": exp, "min": lo, "max": max(_segments(shape)), "unsplit_below": unsplit,
+                      **({} if programs_exp is None or programs_exp == exp else {"programs_exp": programs_exp})},
             "wide": {"block_m": sorted(WIDE_SHAPES), "min_fill": fill, "launch": launch}}
     for key in ("tile", "warps", "stages", "kernel", "registers", "table_ahead", "partial_pass"):
         if key in shape:
@@ -560,31 +562,37 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
     Objective, in order: choices that were not measured, points slower than stock by >3%, total
     log-regret against the best measured candidate. Two rounds over (base launch shape x split
     coefficient and exponent: a shape's best split count moves with its tile and warps, so the two
-    are searched together), (wider blocks' shapes x BLOCK_M fill threshold: a wider block pays off
+    are searched together), (split coefficient x the tiles' and the programs' exponents, apart, the
+    coefficient over a wider range: a fixed number of blocks a launch is coef 256, exponents 0 and
+    1), (wider blocks' shapes x BLOCK_M fill threshold: a wider block pays off
     only with its own shape), (each wider block's shape x its factor on the split coefficient, in
     steps of sqrt(2): searched apart from the shape, a shape the fill search chose kept the
     factor fitted to the one before it), then (split coef, exponent, lower bound, unsplit threshold) keep it to a few
     thousand policy evaluations per point set, seconds on the GPU host's CPU.
     """
-    params = {"coef": 16.0, "exp": 1 / 3, "lo": 4, "unsplit": 0, "fill": 0.8, "base": next(iter(BASE_SHAPES)),
+    params = {"coef": 16.0, "exp": 1 / 3, "pexp": None, "lo": 4, "unsplit": 0, "fill": 0.8,
+              "base": next(iter(BASE_SHAPES)),
               **{f"w{bm}": next(iter(shapes)) for bm, shapes in WIDE_SHAPES.items()},
               **{f"s{bm}": 1 for bm in WIDE_SHAPES}}
     coefs, exps = tuple(2 ** (i / 2) for i in range(2, 15)), (0.25, 1 / 3, 0.5)
+    # the programs' own exponent (None: exp's): 1 with exp 0 is a fixed number of blocks a launch
+    wide_coefs, pexps = tuple(2 ** (i / 2) for i in range(2, 21)), (None, 0.5, 0.75, 1.0)
     # 1 first: a tie keeps the earlier value, so a block no point uses keeps its factor of 1
     scales = (1, 2 ** -0.5, 0.5, 2 ** -1.5, 0.25, 2 ** 0.5, 2, 2 ** 1.5, 4)
     grids = [
         {"base": tuple(BASE_SHAPES), "coef": coefs, "exp": exps},
+        {"coef": wide_coefs, "exp": (0.0, *exps), "pexp": pexps},
         {**{f"w{bm}": tuple(shapes) for bm, shapes in WIDE_SHAPES.items()},
          "fill": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)},
         *({f"w{bm}": tuple(shapes), f"s{bm}": scales} for bm, shapes in WIDE_SHAPES.items()),
-        {"coef": coefs, "exp": exps, "lo": (4, 8), "unsplit": (0, 2, 4, 8)},
+        {"coef": wide_coefs, "exp": (0.0, *exps), "lo": (4, 8), "unsplit": (0, 2, 4, 8)},
     ]
 
     geos = [_geo(p, arch) for p in points]  # the same for every trial rule
 
     def make(t):
         return _rule(t["coef"], t["exp"], t["lo"], t["unsplit"], t["fill"], max_seqs, max_q, t["base"],
-                     {bm: t[f"w{bm}"] for bm in WIDE_SHAPES}, {bm: t[f"s{bm}"] for bm in WIDE_SHAPES})
+                     {bm: t[f"w{bm}"] for bm in WIDE_SHAPES}, {bm: t[f"s{bm}"] for bm in WIDE_SHAPES}, t["pexp"])
 
     best = None
     for _ in range(2):
