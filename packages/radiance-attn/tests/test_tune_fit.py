@@ -301,6 +301,12 @@ def test_class_rules_are_fitted_per_context_band_and_the_table_tells_them_apart(
         assert launch.tile_size == (32 if p["ctx"] >= bands[1]["min"] else 64), p
 
 
+def test_the_rules_fitted_in_processes_are_the_serial_fit_s():
+    points = _points()
+    serial = tune.fit_table(points, [KLASS], "sm_90", 8, 9, {})
+    assert tune.fit_table(points, [KLASS], "sm_90", 8, 9, {}, jobs=3) == serial
+
+
 def test_a_match_range_must_be_numeric_bounds():
     bad = {"arch": "sm_90", "triton": {"default": _truth(), "classes": [
         {"match": {"max_seqlen_k": {"above": 5}}, "rule": _truth()}]}}
