@@ -484,10 +484,6 @@ def _band_name(band: dict) -> str:
     return "".join(f" ctx>={v}" if k == "min" else f" ctx<{v}" for k, v in band.items())
 
 
-def _fit_task(args):
-    return fit(*args)
-
-
 def fit_table(points: list[dict], classes, arch: str, max_seqs: int, max_q: int, meta: dict,
               jobs: int = 1) -> tuple[dict, dict]:
     """The arch's table fitted to measured points: a rule per class and context band (matched on
@@ -510,7 +506,7 @@ def fit_table(points: list[dict], classes, arch: str, max_seqs: int, max_q: int,
         import multiprocessing as mp
 
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")) as pool:
-            fitted = dict(zip(tasks, pool.map(_fit_task, tasks.values())))
+            fitted = dict(zip(tasks, pool.map(fit, *zip(*tasks.values()))))
     else:
         fitted = {name: fit(*task) for name, task in tasks.items()}
     rules = {name: (matches[name], rule) for name, (rule, _) in fitted.items() if name != "default"}
@@ -584,7 +580,8 @@ def fit(points: list[dict], arch: str, max_seqs: int, max_q: int) -> tuple[dict,
     only with its own shape), (each wider block's shape x its factor on the split coefficient, in
     steps of sqrt(2): searched apart from the shape, a shape the fill search chose kept the
     factor fitted to the one before it), then (split coef, exponent, lower bound, unsplit threshold) keep it to a few
-    thousand policy evaluations per point set, seconds on the GPU host's CPU.
+    thousand policy evaluations per point set (a minute or two for the sweep's 400 points in one
+    process; fit_table fits the class rules in parallel).
     """
     params = {"coef": 16.0, "exp": 1 / 3, "pexp": None, "lo": 4, "unsplit": 0, "fill": 0.8,
               "base": next(iter(BASE_SHAPES)),
@@ -654,7 +651,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-src", required=True, help="directory written by stage_vllm_kernel.py")
     ap.add_argument("--quick", action="store_true", help="small grid, bf16 KV only")
     ap.add_argument("--budget-s", type=float, default=270.0, help="stop sweeping new points after this many seconds (the fit and the stock comparison follow)")
-    ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
+                    help="worker processes for the kernel builds and the fit")
     ap.add_argument("--classes", help="comma list of class names to sweep (default: all)")
     ap.add_argument("--merge", action="append", default=[], metavar="JSON",
                     help="bench_unified_attention.json of an earlier run on this GPU: its classes' swept "
@@ -728,7 +726,7 @@ def main(argv=None) -> int:
             "classes": [asdict(c) for c in classes_all],
             "merged": {"from": [earlier_meta(p) for p in args.merge], "points": len(merged)} if merged else None}
     print(f"radiance-attn tune on {props.name} ({arch}), kernel from vLLM {meta['vllm_kernel_from']}, "
-          f"{len(work)} points, {args.jobs} compile workers")
+          f"{len(work)} points, {args.jobs} workers")
     if work:
         print(f"precompiled in {precompile(str(args.kernel_src), work, args.jobs):.0f}s")
 
