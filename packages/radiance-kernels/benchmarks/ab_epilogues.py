@@ -13,9 +13,11 @@ of each, so a slow outlier of either side drops out):
     done
     python benchmarks/ab_epilogues.py compare ab.jsonl --base base --new new --md ab.md
 
-Points: every op and grouping at K 2048-8192 and M 1, 8, 64 and 8192, timed as
-bench_epilogues.py times its main column (CUDA-graph replays over rotating input sets). The
-kernel library is built per source hash, so both builds can share RADIANCE_CACHE_DIR.
+Points: every op and grouping (`--ops` to choose fewer) at K 2048-8192 and M 1, 8, 64 and 8192
+(`--ms` for others), timed as bench_epilogues.py times its main column (CUDA-graph replays over
+rotating input sets). The kernel library is built per source hash, so both builds can share
+RADIANCE_CACHE_DIR; `compare` tells the builds apart by their library's directory (a JIT cache
+entry or a source tree's prebuilt library) and refuses two labels that ran the same one.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from collections import defaultdict
 AB_MS = (1, 8, 64, 8192)
 
 
-def time_points(label: str, out: pathlib.Path) -> int:
+def time_points(label: str, out: pathlib.Path, only: tuple[str, ...] = (),
+                ms: tuple[int, ...] = AB_MS) -> int:
     import torch
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -38,21 +41,25 @@ def time_points(label: str, out: pathlib.Path) -> int:
 
     from radiance.kernels import library, ops
 
+    unknown = sorted(set(only) - set(OPS))
+    if unknown:
+        print(f"ab_epilogues: unknown op(s) {unknown}; choose from {list(OPS)}")
+        return 2
     lib = library.get()
     if lib is None:
         print(f"ab_epilogues: kernel library unavailable: {library.why_not()}")
         return 1
     g = torch.Generator(device="cuda").manual_seed(0)
     with out.open("a") as f:
-        for op in OPS:
+        for op in [o for o in OPS if not only or o in only]:
             for group in (0, 128):
                 for k in KS:
                     kern = lambda *a, _op=op, _g=group: getattr(ops, _op)(*a, group=_g)
-                    for m in AB_MS:
+                    for m in ms:
                         per_set = required_bytes(op, m, k, group)
                         sets = [inputs(op, m, k, g) for _ in range(max(2, min(32, L2_BYTES // per_set + 1)))]
                         us = graph_time_us(kern, sets)
-                        f.write(json.dumps({"label": label, "library": pathlib.Path(lib.path).parent.name,
+                        f.write(json.dumps({"label": label, "library": str(pathlib.Path(lib.path).parent),
                                             "op": op, "group": group, "K": k, "M": m, "us": us,
                                             "tbps": per_set / us / 1e6}) + "\n")
                         print(f"{label}: {op:15s} g{group:<3d} K={k:<5d} M={m:<5d} {us:8.2f} us", flush=True)
@@ -101,6 +108,8 @@ def main() -> int:
     t = sub.add_parser("time", help="time the importable build, append to a JSON-lines file")
     t.add_argument("--label", required=True)
     t.add_argument("--out", required=True, type=pathlib.Path)
+    t.add_argument("--ops", default="", help="comma-separated ops to time (default: all three)")
+    t.add_argument("--ms", default=",".join(map(str, AB_MS)), help="comma-separated M values")
     c = sub.add_parser("compare", help="new / base per point from a JSON-lines file")
     c.add_argument("path", type=pathlib.Path)
     c.add_argument("--base", required=True)
@@ -114,7 +123,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("ab_epilogues: no CUDA GPU, nothing to time")
         return 0
-    return time_points(args.label, args.out)
+    only = tuple(o for o in args.ops.split(",") if o)
+    return time_points(args.label, args.out, only, tuple(int(m) for m in args.ms.split(",")))
 
 
 if __name__ == "__main__":
