@@ -102,6 +102,13 @@ def compare(path: pathlib.Path, base: str, new: str, md: pathlib.Path | None) ->
     return 0
 
 
+def _m_values(text: str) -> tuple[int, ...]:
+    ms = tuple(int(m) for m in text.split(","))  # argparse reports a ValueError as a usage error
+    if any(m < 1 for m in ms):
+        raise ValueError(text)
+    return ms
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -109,7 +116,7 @@ def main() -> int:
     t.add_argument("--label", required=True)
     t.add_argument("--out", required=True, type=pathlib.Path)
     t.add_argument("--ops", default="", help="comma-separated ops to time (default: all three)")
-    t.add_argument("--ms", default=",".join(map(str, AB_MS)), help="comma-separated M values")
+    t.add_argument("--ms", default=AB_MS, type=_m_values, help="comma-separated M values")
     c = sub.add_parser("compare", help="new / base per point from a JSON-lines file")
     c.add_argument("path", type=pathlib.Path)
     c.add_argument("--base", required=True)
@@ -124,7 +131,7 @@ def main() -> int:
         print("ab_epilogues: no CUDA GPU, nothing to time")
         return 0
     only = tuple(o for o in args.ops.split(",") if o)
-    return time_points(args.label, args.out, only, tuple(int(m) for m in args.ms.split(",")))
+    return time_points(args.label, args.out, only, args.ms)
 
 
 if __name__ == "__main__":
