@@ -16,13 +16,14 @@ of each, so a slow outlier of either side drops out):
 Points: every op and grouping (`--ops` to choose fewer) at K 2048-8192 and M 1, 8, 64 and 8192
 (`--ms` for others), timed as bench_epilogues.py times its main column (CUDA-graph replays over
 rotating input sets). The kernel library is built per source hash, so both builds can share
-RADIANCE_CACHE_DIR; `compare` tells the builds apart by their library's directory (a JIT cache
-entry or a source tree's prebuilt library) and refuses two labels that ran the same one.
+RADIANCE_CACHE_DIR; `compare` tells the builds apart by a hash of the library file they ran (a JIT
+cache entry or a source tree's prebuilt library) and refuses two labels that ran the same one.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import statistics
@@ -49,6 +50,7 @@ def time_points(label: str, out: pathlib.Path, only: tuple[str, ...] = (),
     if lib is None:
         print(f"ab_epilogues: kernel library unavailable: {library.why_not()}")
         return 1
+    build = hashlib.sha256(pathlib.Path(lib.path).read_bytes()).hexdigest()[:16]
     g = torch.Generator(device="cuda").manual_seed(0)
     with out.open("a") as f:
         for op in [o for o in OPS if not only or o in only]:
@@ -59,7 +61,7 @@ def time_points(label: str, out: pathlib.Path, only: tuple[str, ...] = (),
                         per_set = required_bytes(op, m, k, group)
                         sets = [inputs(op, m, k, g) for _ in range(max(2, min(32, L2_BYTES // per_set + 1)))]
                         us = graph_time_us(kern, sets)
-                        f.write(json.dumps({"label": label, "library": str(pathlib.Path(lib.path).parent),
+                        f.write(json.dumps({"label": label, "library": build,
                                             "op": op, "group": group, "K": k, "M": m, "us": us,
                                             "tbps": per_set / us / 1e6}) + "\n")
                         print(f"{label}: {op:15s} g{group:<3d} K={k:<5d} M={m:<5d} {us:8.2f} us", flush=True)
