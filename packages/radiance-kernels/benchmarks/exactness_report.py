@@ -73,8 +73,8 @@ def main() -> int:
     for r in rows:
         groups.setdefault(keyf(r), []).append(r)
     lines = [f"# Exactness: kernels vs reference ({meta['gpu']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']})", "",
-             "| op | dtype | group | gemma | residual | nonfinite | cases | errors | diff codes | fraction | diff rows | max dist | scale mism. | residual mism. | unwritten |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| op | dtype | group | gemma | residual | nonfinite | cases | errors | diff codes | fraction | diff rows | max dist | scale mism. | residual mism. | unwritten | untraced |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     worst = 0.0
     for key, rs in groups.items():
         ok = [r for r in rs if not r["error"]]
@@ -84,7 +84,8 @@ def main() -> int:
         lines.append("| " + " | ".join(map(str, key)) + f" | {len(rs)} | {len(rs) - len(ok)} | {dc} | {dc / codes:.2e} | "
                      f"{sum(r['diff_rows'] for r in ok)} | {max([r['max_code_distance'] for r in ok] or [0])} | "
                      f"{sum(r['scale_mismatches'] for r in ok)} | {sum(r['residual_mismatches'] for r in ok)} | "
-                     f"{sum(r['unwritten_bytes'] for r in ok)} |")
+                     f"{sum(r['unwritten_bytes'] for r in ok)} | "
+                     f"{sum(r['untraced_codes'] for r in ok) if key[0] == 'gdn_norm_quant' else ''} |")
     errs = [r for r in rows if r["error"]]
     if errs:
         lines += ["", "## Errors", ""] + [f"- {r['op']} M={r['M']} K={r['K']} {r['dtype']} g{r['group']}: {r['error']}" for r in errs[:50]]

@@ -10,6 +10,11 @@ path only when all 8 values of a vector are in range, so the inputs run twice: i
 order (mixed vectors take the plain division) and partitioned so that every in-range value goes
 through the fast path and every other value through the division.
 
+``gdn_norm_quant`` gates with ``silu_fast_f32`` instead (the hardware's approximate exp2 and
+reciprocal), which is not torch's bits; on every 16-bit input it must carry torch's sign and
+special values and lie within ``FAST_SILU_ULPS`` bit patterns of torch's silu wherever that is
+at least 2^-119 in magnitude (below, where the reciprocal may be flushed, within 2^-119 of it).
+
 ``silu_mul_quant`` and ``add_rms_quant`` (weight in the activation dtype) end with a product of
 two 16-bit values rounded to the activation dtype, which they compute with one paired 16-bit
 multiply (``rad_mul_act2`` in portability.h) instead of torch's fp32 multiply and cast. It is
@@ -43,6 +48,9 @@ from radiance.kernels import library
 
 PROBE = Path(__file__).parent / "probes" / "elementwise_probe.cu"
 FAST_RANGE = 80.0  # silu_f32's bound on |x| for the written-out division
+# silu_fast_f32's bound against torch's silu, in fp32 bit patterns: the exponent argument's
+# rounding grows to ~45 where it nears 127, plus the approximations' few (epilogue_common.cuh)
+FAST_SILU_ULPS = 64
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +67,8 @@ def probe(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     lib = ctypes.CDLL(str(out))
     lib.silu_probe.restype = ctypes.c_int
-    lib.silu_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.silu_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                               ctypes.c_int]
     lib.div_probe.restype = ctypes.c_int
     lib.div_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
     lib.rcp_probe.restype = ctypes.c_int
@@ -74,9 +83,10 @@ def _padded(bits: torch.Tensor, fill: int) -> torch.Tensor:
     return torch.cat([bits, torch.full((pad,), fill, dtype=bits.dtype, device=bits.device)])
 
 
-def _silu(lib, bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _silu(lib, bits: torch.Tensor, dtype: torch.dtype, fast: bool = False) -> torch.Tensor:
     out = torch.empty(bits.numel(), dtype=torch.int32, device=bits.device)
-    rc = lib.silu_probe(bits.data_ptr(), out.data_ptr(), bits.numel(), int(dtype == torch.bfloat16))
+    rc = lib.silu_probe(bits.data_ptr(), out.data_ptr(), bits.numel(), int(dtype == torch.bfloat16),
+                        int(fast))
     torch.cuda.synchronize()
     assert rc == 0
     return out.view(torch.float32)
@@ -112,6 +122,30 @@ def test_silu_matches_torch_on_every_input(probe, dtype):
     assert fast.numel() > 30000 and slow.numel() > 1000  # both paths really exercised
     for bits in (fast, slow):
         _assert_same(_silu(probe, bits, dtype), F.silu(bits.view(dtype).float()), bits, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fast_silu_within_its_bound_of_torch_on_every_input(probe, dtype):
+    every = _every()
+    x = every.view(dtype).float()
+    got, want = _silu(probe, every, dtype, fast=True), F.silu(x)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    got, want, x = got[~nan], want[~nan], x[~nan]
+    assert torch.equal(torch.signbit(got), torch.signbit(want))
+    special = torch.isinf(want) | (want == 0)
+    assert torch.equal(got[special], want[special])  # +-inf, and zeros of the same sign
+    tiny = (want.abs() < 2.0**-119) & ~special  # where the reciprocal may be flushed
+    assert float((got[tiny] - want[tiny]).abs().max()) < 2.0**-119
+    # same sign: the distance in bit patterns is the difference of the magnitudes' patterns
+    normal = ~special & ~tiny
+    gap = ((got.view(torch.int32) & 0x7FFFFFFF) - (want.view(torch.int32) & 0x7FFFFFFF)).abs()[normal]
+    small = x[normal].abs() <= 16
+    print(f"\nsilu_fast_f32 vs torch's silu over {int(normal.sum())} {dtype} inputs: at most "
+          f"{int(gap.max())} bit patterns apart ({int(gap[small].max())} for |x| <= 16), "
+          f"{float((gap == 0).float().mean()):.3f} identical, mean {float(gap.float().mean()):.2f}")
+    assert int(gap.max()) <= FAST_SILU_ULPS
 
 
 @pytest.mark.gpu

@@ -4,9 +4,17 @@
 // Mirrors vLLM's RMSNormGated.forward_static (group_size None, norm_before_gate, swish) applied
 // to rows of head_dim, as eager torch runs it: everything in fp32, one rounding at the end.
 //   var  = sum_head(x*x) * (M*H / (M*N))      ATen's CUDA mean factor (1/head_dim)
-//   out  = act( ((x * rsqrtf(var + eps)) * float(w)) * (z / (1 + expf(-z))) )
+//   out  = act( ((x * rsqrtf(var + eps)) * float(w)) * silu(z) )
 // then the quant of `out` over the row of N = H * head_dim. A head is head_dim/8 consecutive
 // lanes (the thread layout of epilogue_common.cuh), so its sum is a butterfly within them.
+//
+// The gate is silu_fast_f32, not torch's bits (silu_f32): at M = 8192 this kernel is bound by
+// instruction issue on the H200, and the exact gate was 14 of its ~39 instructions a value
+// (per token; 43 with group-128 scales) where the fast one takes 5. The gated product stays in
+// fp32 and is rounded once to the activation dtype, so the gate's few-ulp error reaches the
+// output only where that product lies within a few fp32 bit patterns of a rounding midpoint:
+// such a value moves by one step of the activation dtype, its FP8 code by one at most
+// (benchmarks/results/exactness: the differing codes, each traced to a midpoint).
 #include "epilogue_common.cuh"
 
 namespace radiance {
@@ -26,7 +34,7 @@ struct GdnArgs {
 
 // Large-M rows of 4 vectors a thread (per token, 128 threads a block) are held to 64 registers
 // (two blocks of the bound's 512 threads a SM): 8 blocks a SM instead of 6 at the 76 registers
-// ptxas takes unbounded, at the price of a few spilled registers (12-48 bytes a thread). The
+// ptxas takes unbounded, at the price of a few spilled registers (0-32 bytes a thread). The
 // kernel is issue-bound there and the extra warps fill issue slots: 0.92-0.99x the time at
 // M = 8192 (benchmarks/results/epilogues_ab.md).
 template <int VPT>
@@ -98,7 +106,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value, GdnMinBlocks<VPT>::val
     }
     const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
     float gate[8], out[8];
-    silu_f32(zf, gate);
+    silu_fast_f32(zf, gate);
 #pragma unroll
     for (int e = 0; e < 8; ++e) out[e] = rad_mul(rad_mul(rad_mul(xf[e], rs), w[e]), gate[e]);
     o[v] = pack8_act<BF16>(out);
