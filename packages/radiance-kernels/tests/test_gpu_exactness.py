@@ -76,14 +76,10 @@ def diff_stats(out, ref) -> dict:
     return stats
 
 
-def gdn_untraced_codes(args, group: int, out, ref) -> int:
-    """Differing codes of the gated norm that its two known causes do not explain.
-
-    A value of ``gated_rms_norm`` is fragile when its fp32 product, scaled by 1 -+ GDN_TRACE_REL,
-    rounds to another value of the activation dtype. A code under an unchanged scale can differ
-    only if its own value rounded the other way (the quant is exact given the scale), so it must
-    be fragile; a changed scale needs a changed group maximum, so the group must hold a fragile
-    value as large as the reference's maximum, and then any of its codes may move."""
+def gdn_fragile_values(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gated_rms_norm``'s output (as the reference computes it) and which of its values are
+    fragile: their fp32 product, scaled by 1 -+ GDN_TRACE_REL, rounds to another value of the
+    activation dtype."""
     x, z, w, eps = args
     m, n = x.shape
     hd = w.numel()
@@ -91,7 +87,18 @@ def gdn_untraced_codes(args, group: int, out, ref) -> int:
     p = xh * torch.rsqrt(xh.pow(2).mean(dim=-1, keepdim=True) + eps) * w.float()
     p = (p * F.silu(z.view(m, n // hd, hd).float())).view(m, n)
     y = p.to(x.dtype)
-    fragile = ((p * (1 - GDN_TRACE_REL)).to(x.dtype) != y) | ((p * (1 + GDN_TRACE_REL)).to(x.dtype) != y)
+    return y, ((p * (1 - GDN_TRACE_REL)).to(x.dtype) != y) | ((p * (1 + GDN_TRACE_REL)).to(x.dtype) != y)
+
+
+def gdn_untraced_codes(args, group: int, out, ref) -> int:
+    """Differing codes of the gated norm that its two known causes do not explain.
+
+    A code under an unchanged scale can differ only if its own value rounded the other way (the
+    quant is exact given the scale), so that value must be fragile (gdn_fragile_values); a
+    changed scale needs a changed group maximum, so the group must hold a fragile value as large
+    as the reference's maximum, and then any of its codes may move."""
+    y, fragile = gdn_fragile_values(args)
+    m, n = y.shape
     g = group or n
     mag = y.float().abs().view(m, n // g, g)
     top_fragile = (fragile.view(m, n // g, g) & (mag == mag.amax(dim=-1, keepdim=True))).any(dim=-1)
@@ -234,12 +241,7 @@ def test_gdn_trace_explains_only_fragile_codes():
     for group in (0, 128):
         ref = reference.gdn_norm_quant(*args, group=group)
         assert gdn_untraced_codes(args, group, ref, ref) == 0
-        xh = x.view(m, n // 128, 128).float()
-        p = xh * torch.rsqrt(xh.pow(2).mean(dim=-1, keepdim=True) + EPS) * w.float()
-        p = (p * F.silu(z.view(m, n // 128, 128).float())).view(m, n)
-        y = p.to(torch.bfloat16)
-        fragile = ((p * (1 - GDN_TRACE_REL)).to(torch.bfloat16) != y) | (
-            (p * (1 + GDN_TRACE_REL)).to(torch.bfloat16) != y)
+        fragile = gdn_fragile_values(args)[1]
         assert 0 < int(fragile.sum()) < m * n // 20
         for index, expect in ((int(fragile.view(-1).nonzero()[0]), 0),
                               (int((~fragile).view(-1).nonzero()[0]), 1)):
