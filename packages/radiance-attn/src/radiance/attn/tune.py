@@ -67,7 +67,8 @@ RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # "wg_s1": its one-stage ring (a tile's K and V buffers, each refilled as soon as it is read: half
 # the shared memory of two stages), which on an H100 took 0.92-0.98x the two-stage time for head
 # 256 on bf16 KV by width (0.88-0.89x at width 9 from 32K x 8 and 128K x 1: two blocks an SM
-# instead of one), and 1.02-1.09x on fp8 KV (split_kv_kernel.md section 17).
+# instead of one), and 1.02-1.09x on fp8 KV (split_kv_kernel.md section 17); the H200 fit runs
+# every head-256 bf16 block on it (section 20).
 # 32-row blocks also get radiance's 4-warp 32-key and 128-key tiles: in the 05:29 UTC H200 sweep
 # head 128's width-6 steps (24 rows, a 32-row block, 64-key tiles) ran slower than its width-9
 # steps (36 rows in a 64-row block, 32- or 128-key tiles) at 20 of 20 bf16 and 15 of 20 fp8 points.
