@@ -184,11 +184,11 @@ RAD_DEVICE void silu_f32(const float (&x)[N], float (&s)[N]) {
 // kernel that is issue-bound at large M and keeps silu's result in fp32 (the gated norm).
 // Against torch's silu the relative error is the rounding of the exponent argument t = -x log2 e
 // (|t| * 2^-24, carried into 2^t as |t| ln 2 * 2^-24) plus the approximations' own (ex2.approx
-// and rcp.approx about 2 ulps, the products half an ulp each): a few ulps near zero, ~45 ulps
-// where t nears 127, far under the 2^-8 of the bf16 rounding that follows, so only products
-// within that many fp32 bit patterns of a bf16 midpoint can round the other way (1 in ~10^4
-// values), and they move their FP8 code by one at most. The all-inputs GPU test measures the
-// error on every 16-bit x. Special values come out as torch's: -0 and +-inf's and NaN's
+// and rcp.approx about 2 ulps, the products half an ulp each): 13 ulps at most for |x| <= 16,
+// 54 where t nears 127 (the all-inputs GPU test measures every 16-bit x), far under the 2^-8 of
+// the bf16 rounding that follows, so only products within that many fp32 bit patterns of a
+// bf16 midpoint can round the other way (1 in ~10^4 values), and they move their FP8 code by one
+// at most. Special values come out as torch's: -0 and +-inf's and NaN's
 // quotients, x * 0 = -0 for x < -88.7 (1 + 2^t is inf; torch: x / inf). Where t passes 126 the
 // reciprocal nears fp32's normal range and may be flushed, so x in [-88.7, -87.3] gives -0 or a
 // value near torch's, which is under 2^-119 in magnitude there; either quantizes to FP8's
