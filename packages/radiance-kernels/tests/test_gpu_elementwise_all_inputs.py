@@ -1,14 +1,14 @@
-"""Two pieces of the epilogue kernels' element math against torch, on every 16-bit input.
+"""Pieces of the epilogue kernels' element math against torch, on every 16-bit input.
 
-``silu_mul_quant`` and ``gdn_norm_quant`` compute silu(x) = x / (1 + exp(-x)) in fp32 from a
-16-bit input (the gate, or z), with the division written out for inputs up to 80 in magnitude
-(``silu_f32`` in epilogue_common.cuh). The input set is finite, so this test checks the
-function on all of it: a probe built from the same header (tests/probes/elementwise_probe.cu) against
-``F.silu`` on the fp32 value, which is what ATen's silu computes before rounding (the reference
-chains round it afterwards, or, in the gated norm, use it in fp32). The kernels take the fast
-path only when all 8 values of a vector are in range, so the inputs run twice: in bit-pattern
-order (mixed vectors take the plain division) and partitioned so that every in-range value goes
-through the fast path and every other value through the division.
+``silu_mul_quant`` computes silu(x) = x / (1 + exp(-x)) in fp32 from a 16-bit input (the gate),
+with the division written out for inputs up to 80 in magnitude (``silu_f32`` in
+epilogue_common.cuh). The input set is finite, so this test checks the function on all of it: a
+probe built from the same header (tests/probes/elementwise_probe.cu) against ``F.silu`` on the
+fp32 value, which is what ATen's silu computes before rounding (the reference chain rounds it
+afterwards). The kernel takes the fast path only when all 8 values of a vector are in range, so
+the inputs run twice: in bit-pattern order (mixed vectors take the plain division) and
+partitioned so that every in-range value goes through the fast path and every other value
+through the division.
 
 ``gdn_norm_quant`` gates with ``silu_fast_f32`` instead (the hardware's approximate exp2 and
 reciprocal), which is not torch's bits; on every 16-bit input it must carry torch's sign and

@@ -132,9 +132,9 @@ RAD_DEVICE void load_weight8(const void* w, int wdtype, int64_t col, float (&f)[
 }
 
 // ---- silu, as torch computes it ----------------------------------------------------------
-// s = x / (1 + expf(-x)) in fp32, bit for bit ATen's silu (and RMSNormGated's gate): the same
+// s = x / (1 + expf(-x)) in fp32, bit for bit ATen's silu (silu_mul_quant's gate): the same
 // libm expf, the same rounded add, an IEEE division. x is always the value of a bf16 or fp16
-// input (a gate or z element), a finite set, and the GPU tests check every one of them
+// input (a gate element), a finite set, and the GPU tests check every one of them
 // against torch.
 //
 // nvcc expands an fp32 division into a refined reciprocal and one correction (MUFU.RCP and five
