@@ -8,7 +8,7 @@
 // then the quant of `out` over the row of N = H * head_dim. A head is head_dim/8 consecutive
 // lanes (the thread layout of epilogue_common.cuh), so its sum is a butterfly within them.
 //
-// The gate is silu_fast_f32, not torch's bits (silu_f32): at M = 8192 this kernel is bound by
+// The gate is silu_fast_f32, not torch's bits (silu_f32): at M = 8192 this kernel was bound by
 // instruction issue on the H200, and the exact gate was 14 of its ~39 instructions a value
 // (per token; 43 with group-128 scales) where the fast one takes 5. The gated product stays in
 // fp32 and is rounded once to the activation dtype, so the gate's few-ulp error reaches the
