@@ -21,7 +21,6 @@ import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 MS = (1, 2, 8, 32, 64, 256, 512, 2048, 8192)
 KS = (2048, 4096, 5120, 8192, 10240)
@@ -77,17 +76,14 @@ def diff_stats(out, ref) -> dict:
 
 
 def gdn_fragile_values(args) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gated_rms_norm``'s output (as the reference computes it) and which of its values are
-    fragile: their fp32 product, scaled by 1 -+ GDN_TRACE_REL, rounds to another value of the
-    activation dtype."""
-    x, z, w, eps = args
-    m, n = x.shape
-    hd = w.numel()
-    xh = x.view(m, n // hd, hd).float()
-    p = xh * torch.rsqrt(xh.pow(2).mean(dim=-1, keepdim=True) + eps) * w.float()
-    p = (p * F.silu(z.view(m, n // hd, hd).float())).view(m, n)
-    y = p.to(x.dtype)
-    return y, ((p * (1 - GDN_TRACE_REL)).to(x.dtype) != y) | ((p * (1 + GDN_TRACE_REL)).to(x.dtype) != y)
+    """The reference's ``gated_rms_norm`` output and which of its values are fragile: their fp32
+    product (``gated_rms_norm_f32``), scaled by 1 -+ GDN_TRACE_REL, rounds to another value of
+    the activation dtype."""
+    from radiance.kernels import reference
+    dtype = args[0].dtype
+    p = reference.gated_rms_norm_f32(*args)
+    y = p.to(dtype)
+    return y, ((p * (1 - GDN_TRACE_REL)).to(dtype) != y) | ((p * (1 + GDN_TRACE_REL)).to(dtype) != y)
 
 
 def gdn_untraced_codes(args, group: int, out, ref) -> int:
@@ -248,3 +244,14 @@ def test_gdn_trace_explains_only_fragile_codes():
             q = ref[0].clone()
             q.view(torch.uint8).view(-1)[index] ^= 1  # one code step on the magnitude
             assert gdn_untraced_codes(args, group, (q, ref[1]), ref) == expect, (group, index)
+        # a changed scale explains its group's codes only if the group's largest value is fragile
+        y = gdn_fragile_values(args)[0]
+        g = group or n
+        mag = y.float().abs().view(m, n // g, g)
+        top = (fragile.view(m, n // g, g) & (mag == mag.amax(dim=-1, keepdim=True))).any(dim=-1)
+        row, col = (int(i) for i in (~top).nonzero()[0])
+        scale = ref[1].clone().view(m, n // g)
+        scale[row, col] = torch.nextafter(scale[row, col], torch.tensor(float("inf")))
+        q = ref[0].clone()
+        q.view(torch.uint8)[row, col * g + int((~fragile[row, col * g:(col + 1) * g]).nonzero()[0])] ^= 1
+        assert gdn_untraced_codes(args, group, (q, scale.view(ref[1].shape)), ref) == 1, group

@@ -157,12 +157,11 @@ def silu_mul_quant(
     return quant_fp8(silu_mul(gu), group=group, fp8_dtype=fp8_dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm_f32(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-head RMSNorm of ``x`` ``[M, N]`` (head dim ``weight.numel()``) times weight times
-    ``silu(z)``, in fp32, rounded once to ``x``'s dtype; ``[M, N]``."""
+    ``silu(z)``, in fp32 and not yet rounded: the value ``gated_rms_norm`` rounds; ``[M, N]``."""
     M, N = x.shape
     head_dim = weight.numel()
-    orig_dtype = x.dtype
     xh = x.view(M, N // head_dim, head_dim).float()
     zh = z.view(M, N // head_dim, head_dim).float()
     w = weight.float()
@@ -170,7 +169,12 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     x_normed = xh * torch.rsqrt(variance + eps)
     out = x_normed * w
     out = out * F.silu(zh)
-    return out.to(orig_dtype).view(M, N)
+    return out.view(M, N)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``gated_rms_norm_f32`` rounded once to ``x``'s dtype (vLLM's ``RMSNormGated``)."""
+    return gated_rms_norm_f32(x, z, weight, eps).to(x.dtype)
 
 
 def gdn_norm_quant(
