@@ -51,12 +51,13 @@ RAD_DEVICE void add_rms_prefetch_weights(const AddRmsArgs& a, const RowThread& r
   }
 }
 
-// A row split over blocks needs its sum of squares in every block. Rather than pushing each
-// block's part through the cluster (epilogue_common.cuh, ~0.3 µs a push on the H200), every
-// block adds the whole row itself: thread t reads vector t of each block's slice (its own from
-// registers, the others, which their blocks load at the same moment, mostly from L2) and adds
-// them in slice order, then the block reduces as for an unsplit row. The blocks run the same
-// additions in the same order, so they hold the identical total; only the extra loads and
+// A row split over blocks needs its sum of squares in every block. By default each block pushes
+// its part through the cluster (epilogue_common.cuh, ~0.2-0.3 µs an exchange on the H200). With
+// the whole-row sum switched on (radiance_set_split_row_sum; off until it is timed there) every
+// block adds the whole row itself instead: thread t reads vector t of each block's slice (its
+// own from registers, the others, which their blocks load at the same moment, mostly from L2)
+// and adds them in slice order, then the block reduces as for an unsplit row. The blocks run the
+// same additions in the same order, so they hold the identical total; only the extra loads and
 // x*x adds are paid (a slice in a block's registers, S slices through its load path).
 template <int VPT, bool BF16>
 RAD_DEVICE float whole_row_sumsq(const AddRmsArgs& a, const RowThread& rth, int split,
