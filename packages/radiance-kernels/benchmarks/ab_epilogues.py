@@ -38,7 +38,7 @@ def time_points(label: str, out: pathlib.Path, only: tuple[str, ...] = (),
     import torch
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from bench_epilogues import KS, L2_BYTES, OPS, graph_time_us, inputs, required_bytes
+    from bench_epilogues import KS, OPS, graph_time_us, required_bytes, rotating_sets
 
     from radiance.kernels import library, ops
 
@@ -59,7 +59,7 @@ def time_points(label: str, out: pathlib.Path, only: tuple[str, ...] = (),
                     kern = lambda *a, _op=op, _g=group: getattr(ops, _op)(*a, group=_g)
                     for m in ms:
                         per_set = required_bytes(op, m, k, group)
-                        sets = [inputs(op, m, k, g) for _ in range(max(2, min(32, L2_BYTES // per_set + 1)))]
+                        sets = rotating_sets(op, m, k, group, g)
                         us = graph_time_us(kern, sets)
                         f.write(json.dumps({"label": label, "library": build,
                                             "op": op, "group": group, "K": k, "M": m, "us": us,

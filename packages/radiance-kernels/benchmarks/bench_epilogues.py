@@ -60,6 +60,12 @@ def required_bytes(op, m, k, group):
     return m * k * (2 + 2 + 1) + 256 + scale
 
 
+def rotating_sets(op, m, k, group, g):
+    """Input sets for one point, together larger than L2 where the size allows (2 to 32)."""
+    n = max(2, min(32, L2_BYTES // required_bytes(op, m, k, group) + 1))
+    return [inputs(op, m, k, g) for _ in range(n)]
+
+
 def graph_time_us(fn, sets, calls=None):
     calls = calls or max(len(sets), 20)
     return graph_replay_us([lambda a=sets[i % len(sets)]: fn(*a) for i in range(calls)])
@@ -79,9 +85,7 @@ def main() -> int:
         return 1
     raw = lib._lib
     import ctypes
-    raw.radiance_get_launch_config.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                               ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
-    raw.radiance_set_pdl.argtypes = [__import__("ctypes").c_int]
+    raw.radiance_set_pdl.argtypes = [ctypes.c_int]
     import torch._dynamo as dynamo
     dynamo.config.recompile_limit = 64
     dynamo.config.cache_size_limit = 64
@@ -97,8 +101,8 @@ def main() -> int:
                 compiled = torch.compile(ref, fullgraph=True, dynamic=None)
                 for m in MS:
                     per_set = required_bytes(op, m, k, group)
-                    nsets = max(2, min(32, L2_BYTES // per_set + 1))
-                    sets = [inputs(op, m, k, g) for _ in range(nsets)]
+                    sets = rotating_sets(op, m, k, group, g)
+                    nsets = len(sets)
                     if m > 1:
                         for a in sets:
                             dynamo.mark_dynamic(a[0], 0)
@@ -114,9 +118,7 @@ def main() -> int:
                     if m in L2_MS:
                         row["l2_kernel_us"] = graph_time_us(kern, sets[:2])
                         row["l2_compiled_us"] = graph_time_us(compiled, sets[:2])
-                    cfg = [ctypes.c_int() for _ in range(4)]
-                    raw.radiance_get_launch_config(op_i, m, k, group, *map(ctypes.byref, cfg))
-                    row["config"] = "vpt{} tpr{} rpb{} split{}".format(*(c.value for c in cfg))
+                    row["config"] = lib.launch_config(op_i, m, k, group)
                     variants = {**(VARIANTS if m in VARIANT_MS else {}),
                                 **(SPLITS if m in SPLIT_MS else {})}
                     for name, (vpt, tpr, rpb, split) in variants.items():

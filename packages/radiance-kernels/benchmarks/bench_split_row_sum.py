@@ -34,17 +34,13 @@ def main() -> int:
         print("bench_split_row_sum: no CUDA GPU, nothing to time")
         return 0
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from bench_epilogues import L2_BYTES, graph_time_us, inputs, required_bytes
+    from bench_epilogues import graph_time_us, rotating_sets
 
     from radiance.kernels import library, ops
     lib = library.get()
     if lib is None:
         print(f"bench_split_row_sum: kernel library unavailable: {library.why_not()}")
         return 1
-    import ctypes
-    raw = lib._lib
-    raw.radiance_get_launch_config.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                               ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -54,13 +50,8 @@ def main() -> int:
         for k in (int(x) for x in args.ks.split(",")):
             nvec = k // 8
             for m in MS:
-                per_set = required_bytes("add_rms_quant", m, k, group)
-                sets = [inputs("add_rms_quant", m, k, g)
-                        for _ in range(max(2, min(32, L2_BYTES // per_set + 1)))]
-                cfg = [ctypes.c_int() for _ in range(4)]
-                raw.radiance_get_launch_config(0, m, k, group, *map(ctypes.byref, cfg))
-                row = {"group": group, "K": k, "M": m,
-                       "heuristic": "vpt{} tpr{} rpb{} split{}".format(*(c.value for c in cfg)),
+                sets = rotating_sets("add_rms_quant", m, k, group, g)
+                row = {"group": group, "K": k, "M": m, "heuristic": lib.launch_config(0, m, k, group),
                        "heuristic_us": graph_time_us(kern, sets)}
                 for s in (1,) + SPLITS:
                     if nvec % s or (nvec // s) % 32:

@@ -52,6 +52,7 @@ GOOD = textwrap.dedent("""
         float*, void*, int64_t, int64_t, float, int, int, int, int, void*) { return 0; }
     int radiance_set_launch_config(int, int, int, int, int) { return 0; }
     int radiance_set_split_row_sum(int) { return 0; }
+    int radiance_get_launch_config(int, int64_t, int64_t, int, int*, int*, int*, int*) { return 0; }
     int radiance_block_fp8_mm_supported(void) { return 0; }
     int radiance_block_fp8_mm(const void*, int64_t, const float*, int64_t, int64_t, const void*,
         int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t, int64_t, int64_t,

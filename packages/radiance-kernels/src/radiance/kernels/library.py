@@ -509,12 +509,22 @@ class KernelLibrary:
         # exchanged between the blocks (0, the default); returns the previous setting.
         self.set_split_row_sum = lib.radiance_set_split_row_sum
         self.set_split_row_sum.argtypes = [c_int]
+        self._get_launch_config = lib.radiance_get_launch_config
+        self._get_launch_config.argtypes = [c_int, c_i64, c_i64, c_int] + [ctypes.POINTER(c_int)] * 4
+        self._get_launch_config.restype = c_int
         for fn in (self.set_launch_config, self.set_split_row_sum, self.block_fp8_mm, self.block_fp8_mm_tma, self.split_kv_partial,
                    self.split_kv_warpgroup,
                    self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
                    self.peer_region_free, self.peer_set_create, self.peer_set_destroy,
                    self.peer_set_handshake, self.all_reduce, self.ar_add_rms_quant):
             fn.restype = c_int
+
+    def launch_config(self, op: int, m: int, k: int, group: int) -> str:
+        """Benchmark only: the layout the launch heuristic picks for epilogue op `op` (0
+        add_rms_quant, 1 silu_mul_quant, 2 gdn_norm_quant) at (M, K, grouping)."""
+        cfg = [ctypes.c_int() for _ in range(4)]
+        self._get_launch_config(op, m, k, group, *map(ctypes.byref, cfg))
+        return "vpt{} tpr{} rpb{} split{}".format(*(c.value for c in cfg))
 
     def error_string(self, code: int) -> str:
         raw = self._lib.radiance_error_string(code)
