@@ -157,9 +157,9 @@ def silu_mul_quant(
     return quant_fp8(silu_mul(gu), group=group, fp8_dtype=fp8_dtype)
 
 
-def gated_rms_norm_f32(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _gated_rms_norm_heads(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-head RMSNorm of ``x`` ``[M, N]`` (head dim ``weight.numel()``) times weight times
-    ``silu(z)``, in fp32 and not yet rounded: the value ``gated_rms_norm`` rounds; ``[M, N]``."""
+    ``silu(z)``, in fp32, per head: ``[M, N / head_dim, head_dim]``."""
     M, N = x.shape
     head_dim = weight.numel()
     xh = x.view(M, N // head_dim, head_dim).float()
@@ -168,13 +168,20 @@ def gated_rms_norm_f32(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, e
     variance = xh.pow(2).mean(dim=-1, keepdim=True)
     x_normed = xh * torch.rsqrt(variance + eps)
     out = x_normed * w
-    out = out * F.silu(zh)
-    return out.view(M, N)
+    return out * F.silu(zh)
+
+
+def gated_rms_norm_f32(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The value ``gated_rms_norm`` rounds, in fp32: ``[M, N]``."""
+    return _gated_rms_norm_heads(x, z, weight, eps).view(x.shape)
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``gated_rms_norm_f32`` rounded once to ``x``'s dtype (vLLM's ``RMSNormGated``)."""
-    return gated_rms_norm_f32(x, z, weight, eps).to(x.dtype)
+    """Per-head RMSNorm times weight times ``silu(z)`` in fp32, rounded once to ``x``'s dtype
+    (vLLM's ``RMSNormGated``); ``[M, N]``."""
+    # Rounded per head, then viewed as rows: with the view first, Inductor (torch 2.11) fails to
+    # compile this chain for dynamic M with group-128 scales (CantSplit in its index splitting).
+    return _gated_rms_norm_heads(x, z, weight, eps).to(x.dtype).view(x.shape)
 
 
 def gdn_norm_quant(

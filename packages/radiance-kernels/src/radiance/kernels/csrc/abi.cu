@@ -12,11 +12,6 @@ static LaunchConfig g_override[kOpCount] = {};
 // more than the shorter per-block instruction stream saves.
 static int g_min_split_vectors = 128;
 
-// A split add_rms_quant row: every block sums the whole row (1) or the blocks exchange their
-// parts (0); the benchmark times both. Off until the whole-row form and the split rule it implies
-// (pick_split) are timed on the H200.
-static int g_split_sum_whole = 0;
-
 // PDL (see rad_launch): on for sm_90+ devices unless the benchmark switched it off.
 static int g_pdl_switch = 1;
 
@@ -45,8 +40,6 @@ static DeviceFacts device_facts() {
   return cache[dev];
 #endif
 }
-
-bool split_row_sum_whole() { return g_split_sum_whole != 0; }
 
 bool pdl_enabled() { return g_pdl_switch && device_facts().major >= 9; }
 
@@ -100,28 +93,27 @@ static bool vpt_instantiated(int v) { return (v >= 1 && v <= 6) || v == 8; }
 //  - add_rms_quant with group-128 scales (the row sum), the other two per token (the row max):
 //    once; pays from ~384 moved vectors (K = 4096 with S = 4; K = 8192 with S = 2, at M = 64).
 //  - add_rms_quant per token (sum, then max): twice; pays from ~768 (K = 8192, S >= 4).
-//  - add_rms_quant with the whole-row sum switched on (radiance_set_split_row_sum; off until
-//    timed on the H200): each block adds the whole row itself (add_rms_quant.cuh,
-//    whole_row_sumsq), so only a per-token max crosses blocks, but every block reads the whole row.
+//  Every block adding the whole row's sum itself, so that only a per-token max crosses blocks
+//  (each block reading the whole row), was built and timed against this exchange at M 1-128,
+//  K 2048-8192: median 1.31x its time at the same split, and at no point faster than the best
+//  exchanging launch (benchmarks/results/split_row_sum.md); removed.
 // S is the largest of 8, 4, 2 that keeps each block's slice a whole number of warps of at least
 // g_min_split_vectors vectors and one block of the grid a SM (M * S <= SMs) where the blocks
-// exchange or each read the whole row; if that S moves too few vectors, the row is not split.
-// Blocks that neither exchange nor read more than their slice need no such spread: up to 4 a SM
-// (M * S <= 4 * SMs, blocks of 128-640 threads). At M = 64, K = 8192 that is 8 blocks a row
-// instead of 2: 2.09 against 2.51 µs for group-128 silu_mul_quant, 2.80 against 2.95 for
-// gdn_norm_quant (benchmarks/results/epilogues against the run before this rule; at K = 4096 4
-// blocks, 1.45 against 1.73 and 1.79 against 1.85).
+// exchange; if that S moves too few vectors, the row is not split. Blocks that never exchange
+// need no such spread: up to 4 a SM (M * S <= 4 * SMs, blocks of 128-640 threads). At M = 64,
+// K = 8192 that is 8 blocks a row instead of 2: 2.09 against 2.51 µs for group-128
+// silu_mul_quant, 2.80 against 2.95 for gdn_norm_quant (benchmarks/results/epilogues against
+// the run before this rule; at K = 4096 4 blocks, 1.45 against 1.73 and 1.79 against 1.85).
 // sm_90+ only (clusters).
 static int pick_split(int op, int64_t M, int64_t nvec, bool group) {
   const DeviceFacts dev = device_facts();
   if (dev.major < 9) return 1;
   const int exchanges = split_exchanges(op, group);
   const int64_t min_moved = exchanges ? 384 * exchanges : 128;
-  const bool spread = exchanges || op == kOpAddRms;  // one block a SM
   for (int s = 8; s > 1; s >>= 1) {
     const int64_t slice = nvec / s;
     if (nvec % s || slice % 32 || slice < g_min_split_vectors) continue;
-    if (M * s > (spread ? 1 : 4) * (int64_t)dev.sms) continue;
+    if (M * s > (exchanges ? 1 : 4) * (int64_t)dev.sms) continue;
     return nvec - slice >= min_moved ? s : 1;
   }
   return 1;
@@ -202,7 +194,7 @@ bool aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes
 
 }  // namespace radiance
 
-RAD_EXPORT int radiance_abi_version(void) { return 11; }
+RAD_EXPORT int radiance_abi_version(void) { return 12; }
 
 RAD_EXPORT const char* radiance_error_string(int code) {
   return rad_error_string_of(code);
@@ -212,15 +204,6 @@ RAD_EXPORT const char* radiance_error_string(int code) {
 RAD_EXPORT int radiance_set_pdl(int on) {
   radiance::g_pdl_switch = on ? 1 : 0;
   return 0;
-}
-
-// Not part of the serving contract: lets the benchmark and the tests run a split add_rms_quant
-// row summed whole by each block (1) or its blocks exchanging their parts (0). Returns the
-// previous setting.
-RAD_EXPORT int radiance_set_split_row_sum(int whole) {
-  const int previous = radiance::g_split_sum_whole;
-  radiance::g_split_sum_whole = whole ? 1 : 0;
-  return previous;
 }
 
 // Not part of the serving contract: lets the benchmark time launch variants in one process.

@@ -4,13 +4,8 @@
 
 namespace radiance {
 
-// WHOLE: rows split over blocks (VPT = 1), each block summing the whole row (whole_row_sumsq);
-// its other slices' vectors, all requested at once, take up to 64 more registers a thread, so
-// this form has its own instantiation and a smaller block bound.
-constexpr int kWholeSumMaxThreads = 512;
-
-template <int VPT, bool BF16, bool GROUP, bool WHOLE = false>
-__global__ void __launch_bounds__(WHOLE ? kWholeSumMaxThreads : MaxThreads<VPT>::value)
+template <int VPT, bool BF16, bool GROUP>
+__global__ void __launch_bounds__(MaxThreads<VPT>::value)
     add_rms_quant_kernel(const AddRmsArgs a) {
   __shared__ RowShared sh;
   const int split = split_for<VPT>(a.split);
@@ -20,8 +15,7 @@ __global__ void __launch_bounds__(WHOLE ? kWholeSumMaxThreads : MaxThreads<VPT>:
   bool on[VPT];
   uint4 yv[VPT], rv[VPT], wv[VPT];
   const uint4 z = make_uint4(0, 0, 0, 0);
-  // Split rows summed whole by each block exchange only a per-token row max.
-  cluster_row_begin(WHOLE && GROUP ? 1 : split, sh);
+  cluster_row_begin(split, sh);
   add_rms_prefetch_weights<VPT>(a, rth, on, wv);
   rad_wait_prior_grids();
   const uint16_t* const y_row = a.y + rth.row * a.y_stride;  // c < K/8 fits an int
@@ -33,8 +27,7 @@ __global__ void __launch_bounds__(WHOLE ? kWholeSumMaxThreads : MaxThreads<VPT>:
     rv[v] = on[v] && has_res ? ld16(res_row + c * 8) : z;
   }
   rad_release_dependents();
-  const float whole_part = WHOLE ? whole_row_sumsq<VPT, BF16>(a, rth, split, yv, rv) : 0.0f;
-  add_rms_finish<VPT, BF16, GROUP>(a, yv, rv, wv, on, rth, sh, WHOLE, whole_part);
+  add_rms_finish<VPT, BF16, GROUP>(a, yv, rv, wv, on, rth, sh);
 }
 
 }  // namespace radiance
@@ -57,14 +50,6 @@ RAD_EXPORT int radiance_add_rms_quant(const void* y, int64_t y_stride, const voi
   const bool bf16 = act_dtype == 0, grp = group == 128;
   rad_stream_t s = static_cast<rad_stream_t>(stream);
   rad_error_t err = rad_success;
-  if (cfg.split > 1 && cfg.vpt == 1 && cfg.tpr <= kWholeSumMaxThreads && split_row_sum_whole()) {
-    const int cluster = grp ? 1 : cfg.split;  // only a per-token row max crosses blocks
-    err = bf16 ? (grp ? rad_launch(add_rms_quant_kernel<1, true, true, true>, grid, block, s, a, cluster)
-                      : rad_launch(add_rms_quant_kernel<1, true, false, true>, grid, block, s, a, cluster))
-               : (grp ? rad_launch(add_rms_quant_kernel<1, false, true, true>, grid, block, s, a, cluster)
-                      : rad_launch(add_rms_quant_kernel<1, false, false, true>, grid, block, s, a, cluster));
-    return (int)err;
-  }
   RAD_DISPATCH_VPT(cfg.vpt, err = RAD_LAUNCH_TYPED(add_rms_quant_kernel, VPT, bf16, grp, grid, block, s, a, cfg.split));
   return (int)err;
 }

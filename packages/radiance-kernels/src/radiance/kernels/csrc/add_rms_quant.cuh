@@ -51,57 +51,11 @@ RAD_DEVICE void add_rms_prefetch_weights(const AddRmsArgs& a, const RowThread& r
   }
 }
 
-// A row split over blocks needs its sum of squares in every block. By default each block pushes
-// its part through the cluster (epilogue_common.cuh, ~0.2-0.3 µs an exchange on the H200). With
-// the whole-row sum switched on (radiance_set_split_row_sum; off until it is timed there) every
-// block adds the whole row itself instead: thread t reads vector t of each block's slice (its
-// own from registers, the others, which their blocks load at the same moment, mostly from L2)
-// and adds them in slice order, then the block reduces as for an unsplit row. The blocks run the
-// same additions in the same order, so they hold the identical total; only the extra loads and
-// x*x adds are paid (a slice in a block's registers, S slices through its load path).
-template <int VPT, bool BF16>
-RAD_DEVICE float whole_row_sumsq(const AddRmsArgs& a, const RowThread& rth, int split,
-                                 const uint4 (&yv)[VPT], const uint4 (&rv)[VPT]) {
-  const int64_t nvec = a.K / 8;
-  const bool has_res = a.residual != nullptr;
-  const int tl = threadIdx.x, rank = (int)(blockIdx.x & (split - 1));  // row_thread's layout
-  const uint16_t* const y_row = a.y + rth.row * a.y_stride;
-  const uint16_t* const res_row = a.residual + rth.row * a.K;
-  const uint4 z = make_uint4(0, 0, 0, 0);
-  float ss = 0.0f;
-#pragma unroll
-  for (int v = 0; v < VPT; ++v) {
-    uint4 ys[kMaxSplit], rs[kMaxSplit];
-#pragma unroll
-    for (int r = 0; r < kMaxSplit; ++r) {
-      const int c = v * rth.rt + r * a.tpr + tl;
-      const bool load = r < split && r != rank && rth.row_ok && c < nvec;
-      ys[r] = r == rank ? yv[v] : load ? ld16(y_row + c * 8) : z;
-      rs[r] = r == rank ? rv[v] : load && has_res ? ld16(res_row + c * 8) : z;
-    }
-#pragma unroll
-    for (int r = 0; r < kMaxSplit; ++r) {
-      if (r >= split) break;
-      float fy[8], fr[8];
-      unpack8<BF16>(ys[r], fy);
-      unpack8<BF16>(rs[r], fr);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float x = has_res ? rad_add(fy[e], fr[e]) : fy[e];
-        ss = rad_add(ss, rad_mul(x, x));
-      }
-    }
-  }
-  return ss;
-}
-
 // Everything after the loads: yv and rv hold the row's y and residual vectors (zero where !on).
-// whole: a split row whose blocks each summed the whole row; whole_part is this thread's share of
-// that sum (whole_row_sumsq).
 template <int VPT, bool BF16, bool GROUP>
 RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], const uint4 (&rv)[VPT],
                                const uint4 (&wv)[VPT], const bool (&on)[VPT], const RowThread& rth,
-                               RowShared& sh, bool whole = false, float whole_part = 0.0f) {
+                               RowShared& sh) {
   const int t = rth.t, rt = rth.rt;
   uint16_t* const res_out_row = a.residual_out + rth.row * a.K;
   const int split = split_for<VPT>(a.split);
@@ -121,8 +75,7 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     }
     if (on[v] && has_res) st16(res_out_row + (v * rt + t) * 8, pack8_act<BF16>(x[v]));
   }
-  ss = whole ? row_sum(whole_part, a.tpr, rth.first_warp, sh.red_sum)
-             : cluster_row_sum(row_sum(ss, a.tpr, rth.first_warp, sh.red_sum), split, sh, /*first=*/true);
+  ss = cluster_row_sum(row_sum(ss, a.tpr, rth.first_warp, sh.red_sum), split, sh, /*first=*/true);
   const float rs = rsqrtf(rad_add(rad_mul(ss, a.mean_factor), a.eps));
 
   uint4 o[VPT];
@@ -170,7 +123,7 @@ RAD_DEVICE void add_rms_finish(const AddRmsArgs& a, const uint4 (&yv)[VPT], cons
     }
   }
   quantize_row<VPT, BF16, GROUP>(o, on, rth, a.tpr, split, a.K, a.q, a.scale, a.fmt, sh,
-                                 /*summed=*/!whole);
+                                 /*summed=*/true);
 }
 
 // Host side: checks an add_rms_quant call's arguments and fills everything but the launch layout

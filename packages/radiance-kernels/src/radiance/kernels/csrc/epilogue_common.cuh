@@ -553,18 +553,13 @@ namespace radiance {
 // Op ids for the launch-config override and query (radiance_set_launch_config).
 enum OpId { kOpAddRms = 0, kOpSiluMul = 1, kOpGdnNorm = 2, kOpCount = 3 };
 
-// Defined in abi.cu.
-bool split_row_sum_whole();
-
-// How many partials a split row's blocks exchange: any per-token row max crosses blocks, and
-// add_rms_quant's row sum where the benchmark switched off its whole-row sum
-// (split_row_sum_whole); with group-128 scales every other reduction stays inside a group. Blocks
-// that exchange must form a cluster.
-inline int split_exchanges(int op, bool group) {
-  return (op == kOpAddRms && !split_row_sum_whole() ? 1 : 0) + (group ? 0 : 1);
-}
+// How many partials a split row's blocks exchange: add_rms_quant's row sum crosses blocks, and so
+// does any per-token row max; silu_mul_quant and gdn_norm_quant with group-128 scales reduce
+// only within a group, and their blocks never talk. Blocks that exchange must form a cluster.
+inline int split_exchanges(int op, bool group) { return (op == kOpAddRms ? 1 : 0) + (group ? 0 : 1); }
 inline bool split_needs_cluster(int op, bool group) { return split_exchanges(op, group) > 0; }
 
+// Defined in abi.cu.
 LaunchConfig pick_config(int op, int64_t M, int64_t nvec, int warp, bool group,
                          bool allow_split = true);
 int host_warp_size();
