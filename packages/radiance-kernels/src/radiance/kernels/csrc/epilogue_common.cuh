@@ -277,16 +277,12 @@ RAD_DEVICE uint32_t row_max_u32(uint32_t v, int tpr, int first_warp, uint32_t* r
   const int wpr = tpr / RAD_WARP;
   if (lane == 0) red[warp] = v;
   __syncthreads();
-#if RAD_HAS_REDUX
-  return warp_max_u32(lane < wpr ? red[first_warp + lane] : 0u);
-#else
-  uint32_t m = 0;
-  if (wpr <= 8) {
+  if (!RAD_HAS_REDUX && wpr <= 8) {  // a few partials: in sequence, cheaper than a butterfly
+    uint32_t m = 0;
     for (int i = 0; i < wpr; ++i) m = max(m, red[first_warp + i]);
     return m;
   }
   return warp_max_u32(lane < wpr ? red[first_warp + lane] : 0u);
-#endif
 }
 
 // ---- rows split across a thread-block cluster (sm_90+) ------------------------------------
