@@ -5,6 +5,8 @@ Times are medians of CUDA-graph replays: each graph holds CALLS calls on rotatin
 kernel and the compiled chain are also timed on two input sets, which stay in L2: what a decode
 step sees when the previous kernel has just written the inputs; the rotated sets of M = 64 at
 K >= 4096 fill L2, so the main column reads them from HBM there, while M <= 8 fits in L2 anyway.
+At those sizes the "bytes only" column times a kernel that moves the op's bytes and does none of
+its row math (bytes_pass.py) on the kernel's input sets: what launch and latency leave.
 The baseline is the reference chain compiled once per (op, group, K) with M dynamic (what
 vLLM's traced graph does), with the recompile limit raised and fullgraph=True, so what is timed
 is compiled code, never eager.
@@ -23,6 +25,8 @@ import sys
 import torch
 
 from radiance.kernels.benchmarking import graph_replay_us
+
+from bytes_pass import time_bytes_pass
 
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant")
 KS = (2048, 4096, 5120, 8192)
@@ -74,6 +78,7 @@ def graph_time_us(fn, sets, calls=None):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values to time")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_epilogues: no CUDA GPU, nothing to time")
@@ -93,13 +98,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     results = []
+    bytes_only = {}  # (op, K, M): the group's few scale bytes aside, the same pass for both groups
     for op_i, op in enumerate(OPS):
         for group in (0, 128):
             for k in KS:
                 kern = lambda *a, _op=op, _g=group: getattr(ops, _op)(*a, group=_g)
                 ref = lambda *a, _op=op, _g=group: getattr(reference, _op)(*a, group=_g)
                 compiled = torch.compile(ref, fullgraph=True, dynamic=None)
-                for m in MS:
+                for m in sorted(map(int, args.ms.split(",")), reverse=True):
                     per_set = required_bytes(op, m, k, group)
                     sets = rotating_sets(op, m, k, group, g)
                     nsets = len(sets)
@@ -118,6 +124,13 @@ def main() -> int:
                     if m in L2_MS:
                         row["l2_kernel_us"] = graph_time_us(kern, sets[:2])
                         row["l2_compiled_us"] = graph_time_us(compiled, sets[:2])
+                        if (op, k, m) not in bytes_only:
+                            try:
+                                bytes_only[op, k, m] = time_bytes_pass(op, sets, graph_time_us)
+                            except Exception as e:  # a reference column: reported, never fatal
+                                bytes_only[op, k, m] = (float("nan"), f"error: {e}")
+                                print(f"bytes_pass {op} K={k} M={m}: {e}", flush=True)
+                        row["bytes_only_us"], row["bytes_only_launch"] = bytes_only[op, k, m]
                     row["config"] = lib.launch_config(op_i, m, k, group)
                     variants = {**(VARIANTS if m in VARIANT_MS else {}),
                                 **(SPLITS if m in SPLIT_MS else {})}
@@ -160,15 +173,16 @@ def main() -> int:
     lines = [f"# Epilogue kernels vs torch.compile ({meta['gpu']}, torch {meta['torch']}, CUDA {meta['cuda']}, "
              f"Triton {meta['triton']}, {meta['date']})", "",
              "| op | group | K | M | rotated MB | kernel µs | compiled µs | speedup | kernel TB/s | compiled TB/s | "
-             "inputs in L2: kernel / compiled µs | launch | variants µs | checks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "inputs in L2: kernel / compiled µs | bytes only µs | launch | variants µs | checks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         var = ", ".join(f"{k[8:-3]}={v:.2f}" for k, v in r.items() if k.startswith("variant_") and v)
         chk = " ".join(f"{c}:{'ok' if v else 'MISS'}" for c, v in r["checks"].items())
         l2 = f"{r['l2_kernel_us']:.2f} / {r['l2_compiled_us']:.2f}" if "l2_kernel_us" in r else ""
+        only = f"{r['bytes_only_us']:.2f}" if "bytes_only_us" in r else ""
         lines.append(f"| {r['op']} | {r['group']} | {r['K']} | {r['M']} | {r['rotated_bytes'] / 1e6:.1f} | "
                      f"{r['kernel_us']:.2f} | {r['compiled_us']:.2f} | "
-                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {l2} | {r['config']} | "
+                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {l2} | {only} | {r['config']} | "
                      f"{var} | {chk} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     try:
