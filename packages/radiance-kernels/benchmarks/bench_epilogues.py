@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values to time")
     args = ap.parse_args()
+    ms = sorted({int(m) for m in args.ms.split(",")}, reverse=True)  # largest first, as MS
     if not torch.cuda.is_available():
         print("bench_epilogues: no CUDA GPU, nothing to time")
         return 0
@@ -105,7 +106,7 @@ def main() -> int:
                 kern = lambda *a, _op=op, _g=group: getattr(ops, _op)(*a, group=_g)
                 ref = lambda *a, _op=op, _g=group: getattr(reference, _op)(*a, group=_g)
                 compiled = torch.compile(ref, fullgraph=True, dynamic=None)
-                for m in sorted(map(int, args.ms.split(",")), reverse=True):
+                for m in ms:
                     per_set = required_bytes(op, m, k, group)
                     sets = rotating_sets(op, m, k, group, g)
                     nsets = len(sets)
@@ -182,8 +183,8 @@ def main() -> int:
         only = f"{r['bytes_only_us']:.2f}" if "bytes_only_us" in r else ""
         lines.append(f"| {r['op']} | {r['group']} | {r['K']} | {r['M']} | {r['rotated_bytes'] / 1e6:.1f} | "
                      f"{r['kernel_us']:.2f} | {r['compiled_us']:.2f} | "
-                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {l2} | {only} | {r['config']} | "
-                     f"{var} | {chk} |")
+                     f"{r['speedup']:.2f} | {r['kernel_tbps']:.2f} | {r['compiled_tbps']:.2f} | {l2} | {only} | "
+                     f"{r['config']} | {var} | {chk} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
