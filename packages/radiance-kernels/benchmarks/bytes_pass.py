@@ -23,19 +23,16 @@ def _kernel():
 
     @triton.jit
     def bytes_pass(a_ptr, b_ptr, w_ptr, o_ptr, q_ptr, s_ptr, K, a_stride, w_mask,
-                   ADD: tl.constexpr, HAS_W: tl.constexpr, HAS_O: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr):
+                   ADD: tl.constexpr, HAS_W: tl.constexpr, HAS_O: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < K
         if HAS_W:
             w = tl.load(w_ptr + (cols & w_mask), mask=ok, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_wait()
+        gdc_wait()
         a = tl.load(a_ptr + row * a_stride + cols, mask=ok, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + row * a_stride + cols, mask=ok, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
         v = a + b if ADD else a * b
         if HAS_O:
             tl.store(o_ptr + row * K + cols, v.to(tl.bfloat16), mask=ok)
@@ -52,7 +49,7 @@ def _kernel():
 _KERNEL = None
 
 
-def _call(op, args, out, block, warps, pdl=True):
+def _call(op, args, out, block, warps):
     """One launch over one input set; returns the values it must have written (for the check)."""
     global _KERNEL
     import triton
@@ -69,7 +66,7 @@ def _call(op, args, out, block, warps, pdl=True):
     o, q, s = out
     _KERNEL[(m, triton.cdiv(k, block))](a, b, w if w is not None else a, o, q, s, k, stride, mask,
                                          ADD=add, HAS_W=w is not None, HAS_O=add, BLOCK=block,
-                                         PDL=pdl, num_warps=warps, launch_pdl=pdl)
+                                         num_warps=warps, launch_pdl=True)
     return a[:, :k], b[:, :k], w, add
 
 
