@@ -36,9 +36,7 @@ EPS = 1e-6
 # Launch variants timed alongside the heuristic at M in VARIANT_MS, every K: (vectors per thread,
 # threads per block (0: the row's vectors / vpt / split), rows per block, blocks per row). "no_pdl"
 # is the heuristic's config launched without programmatic dependent launch. The split variants
-# (a row over a cluster of 2, 4, 8 blocks, one vector a thread) are timed at SPLIT_MS; there
-# per-token add_rms_quant is also timed with its row max found by a second exchange
-# ("two_exchanges": the heuristic under that rule, and each split).
+# (a row over a cluster of 2, 4, 8 blocks, one vector a thread) are timed at SPLIT_MS.
 VARIANTS = {"vpt1": (1, 0, 1, 1), "vpt2": (2, 0, 1, 1), "vpt2x2": (2, 0, 2, 1),
             "vpt4": (4, 0, 1, 1), "vpt4x2": (4, 0, 2, 1), "vpt8": (8, 0, 1, 1)}
 SPLITS = {"split1": (1, 0, 1, 1), "split2": (1, 0, 1, 2), "split4": (1, 0, 1, 4),
@@ -145,22 +143,6 @@ def main() -> int:
                             row[f"variant_{name}_us"] = graph_time_us(kern, sets)
                         finally:
                             lib.set_launch_config(op_i, 0, 0, 0, 1)
-                    if op == "add_rms_quant" and group == 0 and m in SPLIT_MS:
-                        # the per-token max by the second exchange, as before the one-exchange
-                        # form: the split variants, and the heuristic's choice under that rule
-                        lib.set_token_one_exchange(0)
-                        try:
-                            row["variant_two_exchanges_us"] = graph_time_us(kern, sets)
-                            for name in ("split2", "split4", "split8"):
-                                vpt, tpr, rpb, split = SPLITS[name]
-                                if lib.set_launch_config(op_i, vpt, (k // 8) // split, rpb, split) != 0:
-                                    continue
-                                try:
-                                    row[f"variant_{name}_two_exchanges_us"] = graph_time_us(kern, sets)
-                                finally:
-                                    lib.set_launch_config(op_i, 0, 0, 0, 1)
-                        finally:
-                            lib.set_token_one_exchange(1)
                     if m in VARIANT_MS:
                         raw.radiance_set_pdl(0)
                         try:

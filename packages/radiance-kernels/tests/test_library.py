@@ -51,7 +51,6 @@ GOOD = textwrap.dedent("""
     int radiance_ar_add_rms_quant(const void*, const void*, const void*, const void*, int, void*,
         float*, void*, int64_t, int64_t, float, int, int, int, int, void*) { return 0; }
     int radiance_set_launch_config(int, int, int, int, int) { return 0; }
-    int radiance_set_token_one_exchange(int) { return 0; }
     int radiance_get_launch_config(int, int64_t, int64_t, int, int*, int*, int*, int*) { return 0; }
     int radiance_block_fp8_mm_supported(void) { return 0; }
     int radiance_block_fp8_mm(const void*, int64_t, const float*, int64_t, int64_t, const void*,

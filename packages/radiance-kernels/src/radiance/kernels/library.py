@@ -46,10 +46,10 @@ from radiance.kernels import registry
 
 logger = logging.getLogger("vllm.radiance.kernels")
 
-ABI_VERSION = 13  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
+ABI_VERSION = 12  # 2: the peer all-reduce exports; 3: the block-FP8 decode GEMM; 4: its wgmma kernel;
 # 5: its TMA kernel; 6: the decode GEMMs' overlap_next launch argument; 7: their l2_prefetch one;
 # 8: the split-KV attention partial pass; 9: its keys_per_warp argument; 10: its warpgroup-MMA form;
-# 11: radiance_set_split_row_sum; 12: without it again; 13: radiance_set_token_one_exchange
+# 11: radiance_set_split_row_sum; 12: without it again
 LIB_NAME = "libradiance_kernels.so"
 OPS = ("add_rms_quant", "silu_mul_quant", "gdn_norm_quant", "ar_add_rms_quant", "block_fp8_mm")
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
@@ -505,14 +505,10 @@ class KernelLibrary:
         # Benchmark and test only: pins an op's launch layout (vpt 0 restores the heuristic).
         self.set_launch_config = lib.radiance_set_launch_config
         self.set_launch_config.argtypes = [c_int] * 5
-        # Test and benchmark only: per-token split add_rms_quant rows with (1) or without (0) the
-        # row max decided in the row-sum exchange.
-        self.set_token_one_exchange = lib.radiance_set_token_one_exchange
-        self.set_token_one_exchange.argtypes = [c_int]
         self._get_launch_config = lib.radiance_get_launch_config
         self._get_launch_config.argtypes = [c_int, c_i64, c_i64, c_int] + [ctypes.POINTER(c_int)] * 4
         self._get_launch_config.restype = c_int
-        for fn in (self.set_launch_config, self.set_token_one_exchange, self.block_fp8_mm, self.block_fp8_mm_tma, self.split_kv_partial,
+        for fn in (self.set_launch_config, self.block_fp8_mm, self.block_fp8_mm_tma, self.split_kv_partial,
                    self.split_kv_warpgroup,
                    self.peer_region_alloc, self.peer_region_open, self.peer_region_close,
                    self.peer_region_free, self.peer_set_create, self.peer_set_destroy,

@@ -15,12 +15,6 @@ static int g_min_split_vectors = 128;
 // PDL (see rad_launch): on for sm_90+ devices unless the benchmark switched it off.
 static int g_pdl_switch = 1;
 
-// add_rms_quant's per-token split rows: the max from the row-sum exchange where it can be decided
-// there (add_rms_quant.cuh); off, every such row takes the second exchange.
-static int g_token_one_exchange = 1;
-
-bool token_one_exchange() { return g_token_one_exchange != 0; }
-
 // Compute capability and multiprocessor count of the current device, cached per device;
 // zeros when unknown (HIP, or the runtime failed).
 struct DeviceFacts {
@@ -200,7 +194,7 @@ bool aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes
 
 }  // namespace radiance
 
-RAD_EXPORT int radiance_abi_version(void) { return 13; }
+RAD_EXPORT int radiance_abi_version(void) { return 12; }
 
 RAD_EXPORT const char* radiance_error_string(int code) {
   return rad_error_string_of(code);
@@ -209,13 +203,6 @@ RAD_EXPORT const char* radiance_error_string(int code) {
 // Not part of the serving contract: lets the benchmark time the launch with and without PDL.
 RAD_EXPORT int radiance_set_pdl(int on) {
   radiance::g_pdl_switch = on ? 1 : 0;
-  return 0;
-}
-
-// Not part of the serving contract: lets tests and the benchmark compare add_rms_quant's
-// per-token split rows with and without their one-exchange max (the same rs either way).
-RAD_EXPORT int radiance_set_token_one_exchange(int on) {
-  radiance::g_token_one_exchange = on ? 1 : 0;
   return 0;
 }
 

@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(MaxThreads<VPT>::value)
   bool on[VPT];
   uint4 yv[VPT], rv[VPT], wv[VPT];
   const uint4 z = make_uint4(0, 0, 0, 0);
-  cluster_row_begin(split, sh, token_slots<GROUP>(a, split));
+  cluster_row_begin(split, sh);
   add_rms_prefetch_weights<VPT>(a, rth, on, wv);
   rad_wait_prior_grids();
   const uint16_t* const y_row = a.y + rth.row * a.y_stride;  // c < K/8 fits an int
@@ -46,7 +46,6 @@ RAD_EXPORT int radiance_add_rms_quant(const void* y, int64_t y_stride, const voi
   a.tpr = cfg.tpr;
   a.rpb = cfg.rpb;
   a.split = cfg.split;
-  a.one_exchange = token_one_exchange() ? 1 : 0;
   const dim3 grid((unsigned)((M + cfg.rpb - 1) / cfg.rpb * cfg.split)), block(cfg.tpr * cfg.rpb);
   const bool bf16 = act_dtype == 0, grp = group == 128;
   rad_stream_t s = static_cast<rad_stream_t>(stream);

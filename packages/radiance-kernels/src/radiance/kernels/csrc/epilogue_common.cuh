@@ -85,17 +85,14 @@ RAD_DEVICE RowThread row_thread(int tpr, int rpb, int split, int64_t M) {
 
 // Shared memory of one epilogue block: per-warp partials and, for a row split across a cluster,
 // every block's partial of the row (pushed here by each block of the cluster) with the two
-// transaction barriers that count them in; `slot` takes one 16-byte push from every warp of the
-// cluster instead (add_rms_quant's per-token split rows, add_rms_quant.cuh).
+// transaction barriers that count them in.
 constexpr int kMaxSplit = 8;
-constexpr int kMaxSlots = 64;
 struct RowShared {
   uint64_t arrived[2];  // mbarriers: [0] the row-sum partials, [1] the row-max partials
   float part_sum[kMaxSplit];
   uint32_t part_max[kMaxSplit];
   float red_sum[kMaxWarps];
   uint32_t red_max[kMaxWarps];
-  uint4 slot[kMaxSlots];
 };
 
 // ---- 16-byte vectors ----------------------------------------------------------------------
@@ -343,46 +340,24 @@ RAD_DEVICE void cluster_exchange(uint32_t bits, int split, uint32_t* slot, uint6
       " @!done bra wait_pushes;\n}\n" ::"r"(shared_addr(arrived))
       : "memory");
 }
-
-// Every warp's `v` into sh.slot[index] of every block of the cluster (lane r < split pushes to
-// block r), then wait until all `slots` warps of the cluster have pushed into this block. The
-// first exchange of the kernel: the pushes wait for every block's barriers to be armed.
-RAD_DEVICE void cluster_push_slots(uint4 v, int split, int index, RowShared& sh) {
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-  const uint32_t lane = threadIdx.x % RAD_WARP;
-  if (lane < (uint32_t)split)
-    asm volatile(
-        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
-        ::"r"(cluster_addr(&sh.slot[index], lane)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w),
-        "r"(cluster_addr(&sh.arrived[0], lane))
-        : "memory");
-  asm volatile(
-      "{\n .reg .pred done;\n wait_slots:\n"
-      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
-      " @!done bra wait_slots;\n}\n" ::"r"(shared_addr(&sh.arrived[0]))
-      : "memory");
-}
 #endif
 
-// At kernel start, before the wait on the previous kernel (block-uniform `split`). `sum_slots`:
-// how many warps push a slot into each block in the first exchange (cluster_push_slots); 0 when
-// the blocks push one 4-byte partial each (cluster_row_sum / cluster_row_max).
-RAD_DEVICE void cluster_row_begin(int split, RowShared& sh, int sum_slots = 0) {
+// At kernel start, before the wait on the previous kernel (block-uniform `split`).
+RAD_DEVICE void cluster_row_begin(int split, RowShared& sh) {
 #ifdef RAD_CLUSTERS
   if (split > 1) {
     if (threadIdx.x == 0) {
       for (int i = 0; i < 2; ++i) {
-        const int bytes = i == 0 && sum_slots ? sum_slots * 16 : split * 4;
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(&sh.arrived[i])));
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                     ::"r"(shared_addr(&sh.arrived[i])), "r"(bytes) : "memory");
+                     ::"r"(shared_addr(&sh.arrived[i])), "r"(split * 4) : "memory");
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   }
 #else
-  (void)split, (void)sh, (void)sum_slots;
+  (void)split, (void)sh;
 #endif
 }
 
@@ -545,22 +520,23 @@ RAD_DEVICE uint32_t amax8_bits(const uint4& v) {
 // The quant tail shared by all three ops. o[v] holds the row's output (act dtype, packed) for
 // vector c = v*rt + t; `on[v]` says whether that vector exists. Writes q and the scale(s).
 // `summed`: the row sum already crossed the cluster (add_rms_quant), so the max is its second
-// exchange. `max_known`: per token, the row's max is `known_max` already (the same in every block
-// of a split row), and no reduction runs.
+// exchange.
 template <int VPT, bool BF16, bool GROUP>
 RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const RowThread& rth,
                              int tpr, int split, int64_t K, uint8_t* q, float* scale, int fmt,
-                             RowShared& sh, bool summed, bool max_known = false,
-                             uint32_t known_max = 0) {
+                             RowShared& sh, bool summed) {
   const int t = rth.t, rt = rth.rt;
   // Row bases once per row; a vector's index c = v*rt + t < K/8 fits an int, and c >> 4 is its
   // group (signed 64-bit divisions here cost a dozen instructions a vector).
   uint8_t* const q_row = q + rth.row * K;
+  uint32_t vmax[VPT];
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) vmax[v] = on[v] ? amax8_bits<BF16>(o[v]) : 0u;
   if (GROUP) {
     float* const scale_row = scale + rth.row * (K >> 7);
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
-      const float s = quant_scale(group16_max_u32(on[v] ? amax8_bits<BF16>(o[v]) : 0u), fmt);
+      const float s = quant_scale(group16_max_u32(vmax[v]), fmt);
       if (!on[v]) continue;
       const int c = v * rt + t;
       if ((t & 15) == 0) scale_row[c >> 4] = s;
@@ -569,14 +545,11 @@ RAD_DEVICE void quantize_row(const uint4 (&o)[VPT], const bool (&on)[VPT], const
       quant_store8<true>(f, s, 0.0f, fmt, q_row + c * 8);
     }
   } else {
-    uint32_t m = known_max;
-    if (!max_known) {
-      m = 0;
+    uint32_t m = 0;
 #pragma unroll
-      for (int v = 0; v < VPT; ++v) m = max(m, on[v] ? amax8_bits<BF16>(o[v]) : 0u);
-      m = row_max_u32(m, tpr, rth.first_warp, sh.red_max);
-      m = cluster_row_max(m, split, sh, !summed);
-    }
+    for (int v = 0; v < VPT; ++v) m = max(m, vmax[v]);
+    m = row_max_u32(m, tpr, rth.first_warp, sh.red_max);
+    m = cluster_row_max(m, split, sh, !summed);
     const float s = quant_scale(m, fmt);
     // torch: scale.reciprocal(), an IEEE division; written out for a moderate scale (the
     // division's range check and slow-path call are ~10 instructions on the row's critical path)
@@ -614,20 +587,10 @@ namespace radiance {
 // Op ids for the launch-config override and query (radiance_set_launch_config).
 enum OpId { kOpAddRms = 0, kOpSiluMul = 1, kOpGdnNorm = 2, kOpCount = 3 };
 
-// Whether per-token add_rms_quant rows split over a cluster take their max from the row-sum
-// exchange (add_rms_quant.cuh, token_exchange); defined in abi.cu, on unless a benchmark or test
-// switched it off.
-bool token_one_exchange();
-
 // How many partials a split row's blocks exchange: add_rms_quant's row sum crosses blocks, and so
-// does any per-token row max (with add_rms_quant's in the same exchange as its sum, where the
-// candidates decide it: 16-bit weights); silu_mul_quant and gdn_norm_quant with group-128 scales
-// reduce only within a group, and their blocks never talk. Blocks that exchange must form a
-// cluster.
-inline int split_exchanges(int op, bool group) {
-  if (op == kOpAddRms) return group || token_one_exchange() ? 1 : 2;
-  return group ? 0 : 1;
-}
+// does any per-token row max; silu_mul_quant and gdn_norm_quant with group-128 scales reduce
+// only within a group, and their blocks never talk. Blocks that exchange must form a cluster.
+inline int split_exchanges(int op, bool group) { return (op == kOpAddRms ? 1 : 0) + (group ? 0 : 1); }
 inline bool split_needs_cluster(int op, bool group) { return split_exchanges(op, group) > 0; }
 
 // Defined in abi.cu.
