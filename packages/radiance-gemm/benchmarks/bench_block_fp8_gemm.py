@@ -11,7 +11,7 @@ same shape for scale, and `weight_read`: the time a kernel that only reads the w
 what launch, ramp-up and drain leave of the floor at each size. Writes table.md, results.json,
 dispatch_<arch>.json (the per-arch table ``radiance.gemm`` loads from
 ``src/radiance/gemm/tables/<arch>.json``) and gemm.png (matplotlib when present) under --out,
-and prints the split-K vs generic vs PyTorch summary at M <= 8.
+and prints the split-K vs generic vs PyTorch summary at M <= 16.
 
 Imports only radiance.gemm's provider modules: no vLLM needed.
 
@@ -434,7 +434,7 @@ def print_summary(rows, table):
              and r.get("ok") and r.get("us") is not None]
         return min(c) if c else None
 
-    print("\nM <= 8: best split-K vs best generic Triton vs PyTorch scaled_mm (us; x = speedup of split-K)")
+    print("\nM <= 16: best split-K vs best generic Triton vs PyTorch scaled_mm (us; x = speedup of split-K)")
     print(f"{'N x K':>12} {'M':>3} {'floor':>7} {'splitK':>8} {'generic':>8} {'torch':>8} "
           f"{'vs gen':>7} {'vs torch':>8} {'chosen/floor':>12}")
     chosen = {(k, e[0]): e[1:] for k, es in table["shapes"].items() for e in es}

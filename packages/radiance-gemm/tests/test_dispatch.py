@@ -17,7 +17,7 @@ def _names(route):
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for var in ("RADIANCE_GEMM_PROVIDER", "RADIANCE_GEMM_EXCLUDE", "RADIANCE_PRESHUFFLE"):
+    for var in ("RADIANCE_GEMM_PROVIDER", "RADIANCE_GEMM_EXCLUDE", "RADIANCE_PRESHUFFLE", "RADIANCE_GEMM_WGMMA"):
         monkeypatch.delenv(var, raising=False)
     dispatch.load_table.cache_clear()
 
@@ -72,15 +72,61 @@ def test_measured_table_is_used_with_nearest_shape(monkeypatch):
                       [2048, "torch_blockwise", ""]],
         "25600x5120": [[2048, "torch_blockwise", ""]]}}
     monkeypatch.setattr(dispatch, "load_table", lambda arch: table if arch == "sm90" else None)
-    route = dispatch.plan("cuda", "sm90", 2048, 4096, sms=132)
-    assert _names(route) == [(4, "triton_splitk"), (64, "triton_generic"),
-                             (providers.M_ANY, "torch_blockwise")]
-    assert tuple(route[2:7]) == (32, 8, 4, 4, 1)
-    # an unmeasured shape takes the nearest measured one's plan
-    assert _names(dispatch.plan("cuda", "sm90", 2560, 4096, sms=132))[0][1] == "triton_splitk"
+    idx = providers.PROVIDER_INDEX
+    want = (4, idx["triton_splitk"], 32, 8, 4, 4, 1, 0,
+            64, idx["triton_generic"], 32, 128, 4, 3, 0, 0,
+            providers.M_ANY, idx["torch_blockwise"], 0, 0, 0, 0, 0, 0)
+    assert dispatch.plan("cuda", "sm90", 2048, 4096, sms=132) == want
+    # an unmeasured shape takes the nearest measured one's plan, entry for entry (the default
+    # would be split-K up to 16 then torch; 25600x5120's plan is torch alone)
+    assert dispatch.plan("cuda", "sm90", 2560, 4096, sms=132) == want
+    near = [r for r in registry.selections() if r["query"].get("N") == 2560 and r["query"]["M"] == "1-4"]
+    assert near[-1]["reason"] == "table sm90 (measured 2048x4096)"
     rows = [r for r in registry.selections() if r["query"].get("N") == 2048 and r["query"]["M"] == "1-4"]
     assert rows[-1]["kernel"] == "triton_splitk[bn32-sk8-w4-s4-f1]"
     assert "table sm90" in rows[-1]["reason"]
+
+
+class _FakeResources:
+    """``importlib.resources`` whose table file fails to read with ``error``."""
+
+    def __init__(self, error):
+        self.error, self.reads = error, 0
+
+    def files(self, package):
+        return self
+
+    def joinpath(self, *parts):
+        return self
+
+    def read_text(self):
+        self.reads += 1
+        raise self.error
+
+    def __str__(self):
+        return "tables/sm90.json"
+
+
+def test_a_missing_table_is_no_table_and_an_unreadable_one_is_reported(monkeypatch):
+    warnings = []
+    monkeypatch.setattr(dispatch.logger, "warning", lambda *args: warnings.append(args[0] % args[1:]))
+    monkeypatch.setattr(dispatch, "_TABLE_ERRORS", {})
+    monkeypatch.setattr(dispatch, "resources", _FakeResources(FileNotFoundError("no such file")))
+    assert dispatch.load_table("sm90") is None and not warnings and not dispatch._TABLE_ERRORS
+
+    dispatch.load_table.cache_clear()
+    fake = _FakeResources(PermissionError(13, "Permission denied"))
+    monkeypatch.setattr(dispatch, "resources", fake)
+    assert dispatch.load_table("sm90") is None
+    assert dispatch.load_table("sm90") is None  # cached: read and reported once
+    assert fake.reads == 1 and len(warnings) == 1
+    assert "tables/sm90.json unreadable (PermissionError: [Errno 13] Permission denied)" in warnings[0]
+    # the layer is still served, by the built-in default, and the report says why
+    route = dispatch.plan("cuda", "sm90", 2048, 4096, sms=132)
+    assert _names(route) == [(16, "triton_splitk"), (providers.M_ANY, "torch_blockwise")]
+    rows = [r for r in registry.selections() if r["query"].get("N") == 2048 and r["query"]["M"] == "1-16"]
+    assert rows[-1]["reason"] == ("default (table sm90 unreadable: tables/sm90.json: "
+                                  "PermissionError: [Errno 13] Permission denied)")
 
 
 def test_table_rows_are_kept_per_provider_and_m_limited_ones_keep_their_bound(monkeypatch):
@@ -146,6 +192,27 @@ def test_unknown_exclude_name_and_bad_configs_raise(monkeypatch):
             providers.parse_config(name, bad, 4096, 4096, 132)
     with pytest.raises(ValueError, match="unknown GEMM provider"):
         providers.parse_config("no_such", "", 4096, 4096, 132)
+
+
+@pytest.mark.parametrize("bad,why", [
+    ("bn64-sk4-w4-s4-f3", "f is 0 .unsplit., 1 .in-kernel fixup. or 2"),
+    ("bn64-sk1-w4-s4-f9", "f is 0 .unsplit., 1 .in-kernel fixup. or 2"),
+    ("bn64-sk1-w4-s4-fauto", "f is 0 .unsplit., 1 .in-kernel fixup. or 2"),
+    # f0 lets every K range overwrite the output: refused wherever more than one can launch
+    ("bn64-sk2-w4-s4-f0", "f0 needs sk1"),
+    ("bn64-skauto-w4-s4-f0", "f0 needs sk1"),
+    ("bn64-w4-s4-f0", "f0 needs sk1"),  # sk defaults to auto
+])
+def test_splitk_fixup_mode_is_validated(bad, why):
+    with pytest.raises(ValueError, match=f"bad triton_splitk config '{bad}': {why}"):
+        providers.parse_config("triton_splitk", bad, 4096, 4096, 132)
+
+
+def test_splitk_fixup_modes_it_accepts():
+    assert providers.parse_config("triton_splitk", "bn64-sk1-w4-s4-f0", 4096, 4096, 132) == (64, 1, 4, 4, 0, 0)
+    assert providers.parse_config("triton_splitk", "bn32-sk8-w4-s4-f1", 4096, 4096, 132) == (32, 8, 4, 4, 1, 0)
+    # the default fixup is the second-launch reduce, with any split
+    assert providers.parse_config("triton_splitk", "bn64-sk4", 4096, 4096, 132)[4] == 2
 
 
 def test_torch_blockwise_is_not_routed_k_it_refuses(monkeypatch):

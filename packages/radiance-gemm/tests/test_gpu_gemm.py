@@ -1,6 +1,7 @@
-"""Every GPU provider against the float64 reference on the GPU at hand (M = 1 included), the
-pre-quantized per-token path, the split-K fixup's scratch contract, and the route custom op
-under torch.compile with dynamic M. Imports only radiance.gemm's provider modules (no vLLM)."""
+"""Every GPU provider except aiter_preshuffle (not covered: it reads a shuffled weight) against the
+float64 reference on the GPU at hand (M = 1 included), the pre-quantized per-token path, the
+split-K fixup's scratch contract, and the route custom op under torch.compile with dynamic M.
+Imports only radiance.gemm's provider modules (no vLLM)."""
 
 import pytest
 import torch

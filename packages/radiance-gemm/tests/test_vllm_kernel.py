@@ -89,6 +89,26 @@ def test_tuple_input_equals_activation_input_and_per_token_equals_groups(vllm_co
     assert torch.equal(a, b)
 
 
+def test_tuple_input_with_leading_dims_takes_flattened_scales(vllm_config):
+    kern, layer = _layer(384, 512)
+    x = torch.randn(6, 512, dtype=torch.bfloat16)
+    q, s = kern.quant_fp8(x, None, None)
+    flat = kern.apply_weights(layer, (q, s))
+    # q [2, 3, K] with its group scale flattened to [M, K/128] = [6, 4]
+    grouped = kern.apply_weights(layer, (q.view(2, 3, 512), s.reshape(6, 4)))
+    assert grouped.shape == (2, 3, 384) and torch.equal(grouped.view(6, 384), flat)
+    # and a per-token scale flattened to [M] = [6]
+    s_tok = s.amax(dim=1)
+    q_tok = (q.float() * s.repeat_interleave(128, 1) / s_tok[:, None]).to(torch.float8_e4m3fn)
+    by_token = kern.apply_weights(layer, (q_tok.view(2, 3, 512), s_tok))
+    assert torch.equal(by_token.view(6, 384), kern.apply_weights(layer, (q_tok, s_tok)))
+    # a group scale of the wrong width or row count is a ValueError, not a reshape error
+    with pytest.raises(ValueError, match=r"\[M, K/group\]=\[6, 4\], got \[6, 3\]"):
+        kern.apply_weights(layer, (q.view(2, 3, 512), torch.ones(6, 3)))
+    with pytest.raises(ValueError, match=r"per group \[2, 3, 4\] / \[6, 4\], got \[5, 4\]"):
+        kern.apply_weights(layer, (q.view(2, 3, 512), torch.ones(5, 4)))
+
+
 def test_tuple_input_bad_shapes_raise(vllm_config):
     kern, layer = _layer(256, 512)
     q = torch.zeros(3, 256, dtype=torch.float8_e4m3fn)

@@ -34,17 +34,20 @@ def _load():
         try:
             return importlib.import_module(name), None
         except Exception as exc:  # noqa: BLE001 - any import failure means "not this path"
-            errors.append(f"{name}: {type(exc).__name__}")
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
     return None, "AITER not importable (" + "; ".join(errors) + ")"
 
 
-_mod, _why = _load()
-_shuffle = None
-if _mod is not None:
+def _load_shuffle():
     try:
-        from aiter.ops.shuffle import shuffle_weight as _shuffle
-    except Exception:  # noqa: BLE001
-        _shuffle = None
+        from aiter.ops.shuffle import shuffle_weight
+    except Exception as exc:  # noqa: BLE001 - reported as the preshuffle provider's reason
+        return None, f"aiter.ops.shuffle.shuffle_weight not importable ({type(exc).__name__}: {exc})"
+    return shuffle_weight, None
+
+
+_mod, _why = _load()
+_shuffle, _shuffle_why = _load_shuffle() if _mod is not None else (None, _why)
 
 
 def plain_available() -> str | None:
@@ -59,8 +62,10 @@ def preshuffle_available() -> str | None:
     if _mod is None:
         return _why
     fn = getattr(_mod, "gemm_a8w8_blockscale_preshuffle", None)
-    if fn is None or _shuffle is None:
-        return "AITER too old: no gemm_a8w8_blockscale_preshuffle / shuffle_weight"
+    if fn is None:
+        return f"AITER too old: {_mod.__name__} has no gemm_a8w8_blockscale_preshuffle"
+    if _shuffle is None:
+        return _shuffle_why
     if "is_x_scale_tranposed" not in inspect.signature(fn).parameters:
         return "AITER too old: preshuffle GEMM cannot read the activation scale by strides"
     return None
@@ -69,10 +74,11 @@ def preshuffle_available() -> str | None:
 def shuffle_weight(w: torch.Tensor) -> torch.Tensor:
     """The (16, 16)-shuffled weight, same logical shape [N, K] and element count."""
     n, k = w.shape
-    out = _shuffle(w, (16, 16)).reshape(n, k).contiguous()
-    if out.numel() != n * k:
-        raise ValueError(f"shuffle changed the element count for N={n} K={k}")
-    return out
+    shuffled = _shuffle(w, (16, 16))
+    if shuffled.numel() != n * k:
+        raise ValueError(f"shuffle_weight returned {list(shuffled.shape)} ({shuffled.numel()} elements) "
+                         f"for a [{n}, {k}] weight; the preshuffle GEMM needs the same element count")
+    return shuffled.reshape(n, k).contiguous()
 
 
 def preshuffle_mm(a, b_shuffled, sa, sb, out_dtype):

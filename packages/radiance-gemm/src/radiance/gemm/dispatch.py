@@ -69,13 +69,26 @@ def _without_wgmma(name: str, cfg: str) -> tuple[str, str]:
     return name, cfg
 
 
+_TABLE_ERRORS: dict[str, str] = {}  # arch -> why its table exists but could not be read
+
+
 @cache
 def load_table(arch: str) -> dict | None:
-    """The committed dispatch table for ``arch`` (tables/<arch>.json), or None."""
+    """The committed dispatch table for ``arch`` (tables/<arch>.json), or None: when there is none,
+    and when it cannot be read, which is logged (once, the result is cached) and kept in
+    ``_TABLE_ERRORS`` for the selection report; the built-in default serves either way."""
+    path = resources.files("radiance.gemm").joinpath("tables", f"{arch}.json")
     try:
-        text = resources.files("radiance.gemm").joinpath("tables", f"{arch}.json").read_text()
-    except (FileNotFoundError, OSError):
+        text = path.read_text()
+    except FileNotFoundError:
+        _TABLE_ERRORS.pop(arch, None)
         return None
+    except OSError as exc:
+        _TABLE_ERRORS[arch] = f"{path}: {type(exc).__name__}: {exc}"
+        logger.warning("radiance-gemm: dispatch table %s unreadable (%s: %s); serving the built-in "
+                       "default routes", path, type(exc).__name__, exc)
+        return None
+    _TABLE_ERRORS.pop(arch, None)
     table = json.loads(text)
     if table.get("arch") != arch or "shapes" not in table:
         raise ValueError(f"dispatch table for {arch} is malformed (needs 'arch' and 'shapes')")
@@ -188,6 +201,8 @@ def plan(platform: str, arch: str, n: int, k: int, block: tuple[int, int] = (128
                     source += f" without unusable {', '.join(missing)}"
             else:
                 source = f"default (table {arch} wants unusable {', '.join(missing)})"
+        elif platform != "cpu" and arch in _TABLE_ERRORS:
+            source = f"default (table {arch} unreadable: {_TABLE_ERRORS[arch]})"
     if entries is None:
         entries = _default_plan(platform, arch, usable)
     if not all(name in usable for _, name, _ in entries):

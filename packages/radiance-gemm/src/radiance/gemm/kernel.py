@@ -137,10 +137,15 @@ class RadianceBlockFp8LinearKernel(Fp8BlockScaledMMLinearKernel):
             lead = q.shape[:-1]
             q2 = q.reshape(-1, k)
             m = q2.shape[0]
-            if scale.dim() == len(lead) or scale.shape[-1] == 1:
-                scale = scale.reshape(m)  # per token
+            tokens = (tuple(lead), (m,))  # the input's leading dims, as given or flattened
+            rows = tuple(scale.shape[:-1]) if scale.dim() else None
+            if scale.numel() == m and (tuple(scale.shape) in tokens or rows in tokens):
+                scale = scale.reshape(m)  # per token, optionally with a trailing 1
+            elif rows in tokens:
+                scale = scale.reshape(m, scale.shape[-1])  # per group; group_scales checks the count
             else:
-                scale = scale.reshape(m, scale.shape[-1])
+                raise ValueError(f"pre-quantized scale must be per token {list(lead)} / [{m}] or per group "
+                                 f"{[*lead, groups]} / [{m}, {groups}], got {list(scale.shape)}")
             s2 = reference.group_scales(scale, m, groups)
         else:
             lead = x.shape[:-1]

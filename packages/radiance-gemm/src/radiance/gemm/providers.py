@@ -239,8 +239,17 @@ def parse_config(name: str, config: str, n: int, k: int, sms: int,
         if bn < 16 or bn & (bn - 1):  # the in-kernel fixup's counters are sized N/16
             raise ValueError(f"bad triton_splitk config {config!r}: bn must be a power of two >= 16")
         sk = fields.get("sk", "auto")
+        fixup = fields.get("f", "2")
+        if fixup not in ("0", "1", "2"):
+            raise ValueError(f"bad triton_splitk config {config!r}: f is 0 (unsplit), 1 (in-kernel fixup) "
+                             "or 2 (second-launch reduce)")
+        # f0 has every K range store its partial straight into the output (last writer wins), so
+        # it is only correct when one K range is launched; skauto or sk>1 may launch several.
+        if fixup == "0" and (sk == "auto" or int(sk) > 1):
+            raise ValueError(f"bad triton_splitk config {config!r}: f0 needs sk1 (one K range); "
+                             "skauto or sk>1 takes f1 or f2")
         split = auto_split(n, k, bn, sms) if sk == "auto" else int(sk)
-        return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fields.get("f", 2)), 0)
+        return (bn, split, int(fields.get("w", 4)), int(fields.get("s", 4)), int(fixup), 0)
     if name == "cuda_decode":
         from radiance.kernels.block_fp8_mm import launch_error
 
