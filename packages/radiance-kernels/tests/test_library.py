@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radiance.kernels import library, ops, registry
+from radiance.kernels import library, ops, reference, registry
 
 NVCC = library.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
@@ -51,14 +51,18 @@ GOOD = textwrap.dedent("""
     int radiance_ar_add_rms_quant(const void*, const void*, const void*, const void*, int, void*,
         float*, void*, int64_t, int64_t, float, int, int, int, int, void*) { return 0; }
     int radiance_set_launch_config(int, int, int, int, int) { return 0; }
-    int radiance_get_launch_config(int, int64_t, int64_t, int, int*, int*, int*, int*) { return 0; }
+    int radiance_get_launch_config(int, int64_t, int64_t K, int, int* vpt, int* tpr, int* rpb,
+        int* split) {
+      *vpt = K > 24576 ? 0 : 2; *tpr = K > 24576 ? 0 : 64; *rpb = 1; *split = 1;
+      return K > 24576 ? 1 : 0;
+    }
     int radiance_block_fp8_mm_supported(void) { return 0; }
     int radiance_block_fp8_mm(const void*, int64_t, const float*, int64_t, int64_t, const void*,
         int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t, int64_t, int64_t,
-        float*, int*, int, int, int, int, int, int, void*) { return 0; }
+        float*, int*, int, int, int, int, int, int, int, void*) { return 0; }
     int radiance_block_fp8_mm_tma(const void*, int64_t, const float*, int64_t, int64_t,
         const void*, int64_t, const float*, int64_t, int64_t, void*, int64_t, int, int64_t,
-        int64_t, int64_t, float*, int*, int, int, int, void*) { return 0; }
+        int64_t, int64_t, float*, int*, int, int, int, int, void*) { return 0; }
     int radiance_split_kv_supported(void) { return 0; }
     int radiance_split_kv_smem(int, int, int, int, int, int) { return 0; }
     int radiance_split_kv_partial(void) { return 0; }
@@ -110,6 +114,10 @@ def test_build_caches_privately_and_loads(tmp_path, counted):
     assert loaded.error_string(3) == "tiny failure"
     assert loaded.add_rms_quant(None, 0, None, None, 0, None, None, None, 0, 0, 1e-6,
                                 0, 0, 0, 0, None) == 0
+    assert loaded.launch_config(0, 8, 4096, 0) == "vpt2 tpr64 rpb1 split1"
+    # A shape the heuristic rejects (the tiny source: K > 24576) says so instead of "vpt0 ...".
+    assert loaded.launch_config(0, 8, 32768, 0) == (
+        "no config: the heuristic has none for op 0 at M=8 K=32768 group=0 (tiny failure)")
 
 
 @needs_nvcc
@@ -244,8 +252,9 @@ BAD = "__global__ void broken( { }\n"
 
 
 @needs_nvcc
-def test_build_failure_logs_once_marks_unavailable_and_reference_runs(fake_gpu, tmp_path, caplog):
+def test_build_failure_logs_once_marks_unavailable_and_reference_runs(fake_gpu, tmp_path, caplog, monkeypatch):
     fake_gpu(_write(tmp_path / "src", BAD, name="broken.cu"))
+    ops._reset_decisions_for_tests()
     with caplog.at_level(logging.WARNING, logger="vllm.radiance.kernels"):
         assert library.get() is None
         assert library.get() is None
@@ -258,6 +267,19 @@ def test_build_failure_logs_once_marks_unavailable_and_reference_runs(fake_gpu, 
     sel = registry.select("gdn_norm_quant", device="cuda", device_index=0, dtype="bfloat16",
                           K=4096, group=128, fp8="float8_e4m3fn")
     assert not sel and reason in sel.reason
+    # An op call decided as on the GPU (CPU tensors would take the reference for their device
+    # alone, whatever the build did) runs the reference, bit for bit.
+    decide = ops._kernel
+    monkeypatch.setattr(ops, "_kernel", lambda op, device, *rest: decide(op, torch.device("cuda", 0), *rest))
+    g = torch.Generator().manual_seed(0)
+    y, res = (torch.randn(4, 4096, generator=g).to(torch.bfloat16) for _ in range(2))
+    w = torch.randn(4096, generator=g).to(torch.bfloat16)
+    got = ops.add_rms_quant(y, res, w, 1e-6, group=128)
+    want = reference.add_rms_quant(y, res, w, 1e-6, group=128)
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert any(r["op"] == "add_rms_quant" and r["query"]["device"] == "cuda" and r["kernel"] is None
+               and reason in r["reason"] for r in registry.selections())
 
 
 @needs_nvcc

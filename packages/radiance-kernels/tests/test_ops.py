@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from radiance.kernels import ops, reference, registry
+from radiance.kernels import library, ops, reference, registry
 
 BF16 = torch.bfloat16
 
@@ -138,13 +138,37 @@ def test_registry_reports_why_the_reference_runs_on_cpu():
         assert ops.unavailable_reason().startswith("no GPU")
 
 
-def test_gdn_head_dims_the_kernel_refuses_are_served_by_the_reference():
+def test_gdn_head_dims_the_kernel_refuses_are_served_by_the_reference(monkeypatch):
     query = {"device": "cuda", "device_index": 0, "dtype": "bfloat16", "K": 3072, "group": 128,
              "fp8": "float8_e4m3fn"}
     for head_dim in (96, 4, 512):
         why = ops._serves(dict(query, head_dim=head_dim))
         assert why == f"head_dim={head_dim} (the kernel takes powers of two from 8 to 256)"
     assert "head_dim" not in (ops._serves(dict(query, head_dim=128)) or "")
+
+    class Launches:  # stands for a served library: any launch is recorded and refused
+        def gdn_norm_quant(self, *args):
+            raise RuntimeError("kernel launched")
+
+    # The op decides as on a GPU whose library serves (on CPU tensors it would take the reference
+    # for their device alone), so only the head_dim check stands between the call and a launch.
+    decide = ops._kernel
+    monkeypatch.setattr(ops, "_kernel", lambda op, device, *rest: decide(op, torch.device("cuda", 0), *rest))
+    monkeypatch.setattr(library, "why_not", lambda index=0: None)
+    monkeypatch.setattr(library, "get", lambda index=0: Launches())
+    monkeypatch.setattr(ops, "stream_of", lambda device: 0)
+    ops._reset_decisions_for_tests()
+    try:
+        x, z = _t(4, 3072, seed=23), _t(4, 3072, seed=24)
+        for head_dim in (96, 4, 512):
+            w = _t(head_dim, seed=25)
+            got = ops.gdn_norm_quant(x, z, w, 1e-6, group=128)
+            want = reference.gdn_norm_quant(x, z, w, 1e-6, group=128)
+            assert all(_same(g, r) for g, r in zip(got, want)), head_dim
+        with pytest.raises(RuntimeError, match="kernel launched"):  # a head_dim it takes launches
+            ops.gdn_norm_quant(x, z, _t(128, seed=25), 1e-6, group=128)
+    finally:
+        ops._reset_decisions_for_tests()  # no decision made against the stand-in may outlive the test
 
 
 def test_rows_not_16_byte_aligned_run_the_reference(monkeypatch):

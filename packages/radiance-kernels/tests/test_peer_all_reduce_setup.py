@@ -10,6 +10,7 @@ used where this machine's own answer is the point (no GPU).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -18,14 +19,31 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from radiance.kernels import ops as kops
 from radiance.kernels import registry
 from radiance.kernels.peer_all_reduce import (
     FUSED_MAX_K,
     FUSED_MAX_M,
     MESSAGE_BYTES,
+    CudaPeerBackend,
     PeerAllReduce,
     PeerSetupError,
 )
+
+
+class Launches:
+    """Stands for the kernel library's two ops: records each launch and reports success."""
+
+    def __init__(self):
+        self.launched = []
+
+    def all_reduce(self, *args):
+        self.launched.append("all_reduce")
+        return 0
+
+    def ar_add_rms_quant(self, *args):
+        self.launched.append("ar_add_rms_quant")
+        return 0
 
 
 class ScriptedBackend:
@@ -36,6 +54,7 @@ class ScriptedBackend:
         self.rank = rank
         self.fail = fail or {}
         self.calls = []
+        self.lib = Launches()
         self._next = 0x1000 * (rank + 1)
 
     def _maybe_fail(self, step):
@@ -116,8 +135,42 @@ def _refused_call(comm):
     return {"served": served, "raised": raised}
 
 
+def _misaligned_calls(comm, lib):
+    """Views 2 bytes past a 16-byte boundary, each in one argument, then the same calls aligned:
+    what each call raised (None: it ran) and which launches reached the library."""
+    bf16 = torch.bfloat16
+    m, k = 8, 4096
+
+    def odd(*shape):  # contiguous, starting one bf16 element into a fresh (aligned) buffer
+        n = torch.Size(shape).numel()
+        return torch.zeros(n + 8, dtype=bf16)[1:n + 1].view(shape)
+
+    y, res, w = torch.zeros(m, k, dtype=bf16), torch.zeros(m, k, dtype=bf16), torch.ones(k, dtype=bf16)
+    calls = {
+        "all_reduce_y": lambda: comm.all_reduce(odd(m, k)),
+        "fused_y": lambda: comm.serve_ar_add_rms_quant(odd(m, k), res, w, 1e-6),
+        "fused_residual": lambda: comm.serve_ar_add_rms_quant(y, odd(m, k), w, 1e-6),
+        "fused_weight": lambda: comm.serve_ar_add_rms_quant(y, res, odd(k), 1e-6),
+        # not served by the one-kernel path: None, for the caller's unfused path to take
+        "unfused_y": lambda: comm.serve_ar_add_rms_quant(odd(FUSED_MAX_M + 1, k), odd(FUSED_MAX_M + 1, k),
+                                                         w, 1e-6),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            out[name] = "returned None" if call() is None else "ran"
+        except ValueError as exc:
+            out[name] = str(exc)
+    out["launched_misaligned"] = list(lib.launched)
+    comm.all_reduce(y)
+    comm.serve_ar_add_rms_quant(y, res, w, 1e-6)
+    out["launched_aligned"] = list(lib.launched)
+    return out
+
+
 def _worker(rank, ws, store, out_dir, names):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ws)
+    kops.stream_of = lambda device: 0  # this process's launches go to the scripted library
     results = {}
     for name in names:
         if name == "real":
@@ -130,6 +183,7 @@ def _worker(rank, ws, store, out_dir, names):
         if comm.enabled:
             res["decisions"] = _decisions(comm)
             res["refused_call"] = _refused_call(comm)
+            res["misaligned"] = _misaligned_calls(comm, backend.lib)
             res["records"] = [r for r in registry.selections() if r["op"] == "ar_add_rms_quant"]
             comm.close()
             res["calls_after_close"] = list(backend.calls)
@@ -225,3 +279,40 @@ def test_a_refused_call_returns_none_or_raises_before_any_launch(two_ranks):
         refused = r["all_ok"]["refused_call"]
         assert refused["served"] is None
         assert refused["raised"] is not None and "M=513 outside 1..512" in refused["raised"]
+
+
+def test_misaligned_views_raise_before_any_launch(two_ranks):
+    for r in two_ranks:
+        got = r["all_ok"]["misaligned"]
+        for name in ("all_reduce_y", "fused_y", "fused_residual", "fused_weight"):
+            arg = name.split("_")[-1]
+            assert got[name] == f"the peer kernels move 16-byte vectors: {arg} starts 2 B past a 16-byte boundary"
+        assert got["unfused_y"] == "returned None"
+        assert got["launched_misaligned"] == []
+        assert got["launched_aligned"] == ["all_reduce", "ar_add_rms_quant"]
+
+
+def test_teardown_failures_are_logged_with_the_library_message(caplog):
+    class FailingTeardown:
+        def error_string(self, code):
+            return f"scripted error {code}"
+
+        def peer_set_destroy(self, handle):
+            return 1
+
+        def peer_region_close(self, base):
+            return 0
+
+        def peer_region_free(self, base):
+            return 3
+
+    backend = object.__new__(CudaPeerBackend)  # the teardown steps only: no GPU needed
+    backend.lib = FailingTeardown()
+    with caplog.at_level(logging.WARNING, logger="vllm.radiance.kernels"):
+        backend.destroy(0x7777)
+        backend.close(0x9000)
+        backend.free(0x1000)
+    assert [r.getMessage() for r in caplog.records] == [
+        "radiance peer all-reduce teardown: destroying the peer set failed: scripted error 1 (code 1)",
+        "radiance peer all-reduce teardown: freeing this rank's region failed: scripted error 3 (code 3)",
+    ]

@@ -517,9 +517,13 @@ class KernelLibrary:
 
     def launch_config(self, op: int, m: int, k: int, group: int) -> str:
         """Benchmark only: the layout the launch heuristic picks for epilogue op `op` (0
-        add_rms_quant, 1 silu_mul_quant, 2 gdn_norm_quant) at (M, K, grouping)."""
+        add_rms_quant, 1 silu_mul_quant, 2 gdn_norm_quant) at (M, K, grouping), or a "no config"
+        line where it has none (no kernel launches there)."""
         cfg = [ctypes.c_int() for _ in range(4)]
-        self._get_launch_config(op, m, k, group, *map(ctypes.byref, cfg))
+        code = self._get_launch_config(op, m, k, group, *map(ctypes.byref, cfg))
+        if code != 0:
+            return (f"no config: the heuristic has none for op {op} at M={m} K={k} group={group} "
+                    f"({self.error_string(code)})")
         return "vpt{} tpr{} rpb{} split{}".format(*(c.value for c in cfg))
 
     def error_string(self, code: int) -> str:

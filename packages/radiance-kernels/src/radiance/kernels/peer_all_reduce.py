@@ -70,6 +70,18 @@ def _first_failure(steps: list[_Step]) -> str | None:
     return None
 
 
+def _check_aligned(**tensors: torch.Tensor) -> None:
+    # Alignment is not one of fused_reason's reasons: that decision must come out the same on
+    # every rank and is kept per shape class, while an address belongs to one call on one rank
+    # (a peer's tensor of the same shape may start aligned). So a misaligned tensor raises here,
+    # before this rank's launch, as the library would refuse it anyway; the peers' kernels of the
+    # call then wait for this rank, so every rank must be given aligned tensors (fresh ones are).
+    bad = [f"{name} starts {t.data_ptr() % 16} B past a 16-byte boundary"
+           for name, t in tensors.items() if not kops._vector_aligned(t)]
+    if bad:
+        raise ValueError(f"the peer kernels move 16-byte vectors: {'; '.join(bad)}")
+
+
 class PeerSetupError(RuntimeError):
     """One setup step failed on this rank; the message says which and why."""
 
@@ -118,14 +130,22 @@ class CudaPeerBackend:
                    ctypes.byref(ok), stream)
         return bool(ok.value)
 
+    def _release_call(self, what: str, fn, arg: int) -> None:
+        # Teardown goes on past a failure: the rest must still be released, and close() is a
+        # collective the other ranks are finishing too. A failure is logged, not raised.
+        code = fn(arg)
+        if code != 0:
+            logger.warning("radiance peer all-reduce teardown: %s failed: %s (code %d)", what,
+                           self.lib.error_string(code), code)
+
     def destroy(self, peer_set: int) -> None:
-        self.lib.peer_set_destroy(peer_set)
+        self._release_call("destroying the peer set", self.lib.peer_set_destroy, peer_set)
 
     def close(self, base: int) -> None:
-        self.lib.peer_region_close(base)
+        self._release_call("unmapping a peer region", self.lib.peer_region_close, base)
 
     def free(self, base: int) -> None:
-        self.lib.peer_region_free(base)
+        self._release_call("freeing this rank's region", self.lib.peer_region_free, base)
 
 
 class PeerAllReduce:
@@ -297,6 +317,7 @@ class PeerAllReduce:
             raise ValueError(f"y has {n} elements, needs a multiple of 8")
         if n * y.element_size() > self.message_bytes:
             raise ValueError(f"y is {n * y.element_size()} B, the staging holds {self.message_bytes} B")
+        _check_aligned(y=y.view(-1))  # reduced as one flat vector: only where it starts matters
         out = torch.empty_like(y)
         if n == 0:
             return out
@@ -318,12 +339,16 @@ class PeerAllReduce:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """``add_rms_quant(all_reduce(y), residual, ...)`` in one kernel where ``fused_reason``
         says the one-kernel path serves this call; None otherwise (the caller then reduces and
-        runs the epilogue itself). The arguments are checked first either way."""
+        runs the epilogue itself). The arguments are checked first either way; the 16-byte
+        alignment of ``y``, ``residual`` and ``weight`` the kernel needs, where it runs."""
         device = kops.check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
         if device != self.device:
             raise ValueError(f"y is on {device}, the peer set on {self.device}")
         if self.fused_reason(y, residual, group) is not None:
             return None
+        # Checked only where the kernel runs: where it does not, the caller's unfused path takes
+        # misaligned views, and a rank raising there would leave its peers waiting in that path.
+        _check_aligned(y=y, residual=residual, weight=weight)
         m, k = y.shape
         q = torch.empty((m, k), dtype=fp8_dtype, device=device)
         scale = torch.empty((m, k // group) if group else (m,), dtype=torch.float32, device=device)
