@@ -7,6 +7,8 @@ the peer set serves the shape, vLLM's all-reduce then the epilogue otherwise, an
 outputs either way.
 """
 
+import logging
+
 import pytest
 import torch
 
@@ -95,12 +97,6 @@ def test_first_layer_never_reduces(tp2):
     assert peers.fused_calls == 0 and tp2 == []
 
 
-def test_setup_off_by_flag(monkeypatch):
-    monkeypatch.setenv(flags.FUSED_ALLREDUCE, "0")
-    assert fused_all_reduce.setup(fused_sites=4) == "off (RADIANCE_FUSED_ALLREDUCE=0)"
-    assert fused_all_reduce.status() == "off (RADIANCE_FUSED_ALLREDUCE=0)"
-
-
 def test_setup_flag_value_is_validated(monkeypatch):
     monkeypatch.setenv(flags.FUSED_ALLREDUCE, "yes")
     with pytest.raises(ValueError, match="RADIANCE_FUSED_ALLREDUCE must be 0 or 1"):
@@ -109,9 +105,22 @@ def test_setup_flag_value_is_validated(monkeypatch):
         flags.validate()
 
 
-def test_setup_without_parallel_groups_is_off():
+@pytest.fixture
+def report(caplog):
+    """What setup put in the selection report (its reasons) and in the stream's log."""
+    from radiance.kernels import registry
+
+    registry.REGISTRY.clear_log()
+    with caplog.at_level(logging.INFO, logger="vllm.radiance.fp8stream"):
+        yield lambda: ([r["reason"] for r in registry.selections() if r["op"] == "ar_add_rms_quant"],
+                       [r.getMessage() for r in caplog.records if r.name == "vllm.radiance.fp8stream"])
+    registry.REGISTRY.clear_log()
+
+
+def test_setup_without_parallel_groups_is_off_and_says_so(report):
     line = fused_all_reduce.setup(fused_sites=4)
     assert line == "off (vLLM's parallel groups are not initialized)"
+    assert report() == ([line], [f"fused all-reduce epilogue {line}"])
     assert fused_all_reduce.one_kernel(_rand(2, 64), _rand(2, 64), _rand(64), 1e-6, False, 0,
                                        FP8) is None
 
@@ -121,23 +130,42 @@ class _TpGroup:
     rank_in_group = 0
 
 
-@pytest.fixture
-def tp2_groups(monkeypatch):
+def _groups(monkeypatch, world_size):
     from vllm.distributed import parallel_state
 
+    group = _TpGroup()
+    group.world_size = world_size
     monkeypatch.setattr(parallel_state, "model_parallel_is_initialized", lambda: True)
-    monkeypatch.setattr(parallel_state, "get_tp_group", lambda: _TpGroup())
+    monkeypatch.setattr(parallel_state, "get_tp_group", lambda: group)
 
 
-def test_setup_off_under_micro_batch_overlap(tp2_groups):
+@pytest.fixture
+def tp2_groups(monkeypatch):
+    _groups(monkeypatch, 2)
+
+
+def test_setup_at_tp1_is_off_and_quiet(monkeypatch, report):
+    _groups(monkeypatch, 1)
+    line = fused_all_reduce.setup(fused_sites=4)
+    assert line == "off (tensor-parallel size 1: nothing to reduce)"
+    assert fused_all_reduce.status() == line
+    assert report() == ([], [])
+
+
+def test_setup_off_by_flag(monkeypatch, tp2_groups, report):
+    monkeypatch.setenv(flags.FUSED_ALLREDUCE, "0")
+    line = fused_all_reduce.setup(fused_sites=4)
+    assert line == "off (RADIANCE_FUSED_ALLREDUCE=0)" and fused_all_reduce.status() == line
+    assert report() == ([line], [f"fused all-reduce epilogue {line}"])
+
+
+def test_setup_off_under_micro_batch_overlap(tp2_groups, report):
     line = fused_all_reduce.setup(fused_sites=4, ubatching=True)
-    assert line.startswith("off (micro-batch overlap")
+    assert line == "off (micro-batch overlap runs a rank's all-reduces on two streams)"
+    assert report() == ([line], [f"fused all-reduce epilogue {line}"])
 
 
-def test_setup_off_without_reducing_sites(tp2_groups):
-    from radiance.kernels import registry
-
+def test_setup_off_without_reducing_sites(tp2_groups, report):
     line = fused_all_reduce.setup(fused_sites=0)
     assert line == "off (the fp8 stream installed no epilogue that reduces)"
-    assert any(r["op"] == "ar_add_rms_quant" and r["reason"] == line
-               for r in registry.selections())
+    assert report() == ([line], [f"fused all-reduce epilogue {line}"])

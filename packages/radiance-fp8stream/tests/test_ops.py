@@ -69,12 +69,30 @@ def test_gdn_norm_quant_opcheck_and_reference(group):
     assert _same(q, rq) and _same(s, rs)
 
 
-def test_bad_input_is_a_clear_error_before_any_work():
+def test_bad_input_is_a_clear_error_before_any_work(monkeypatch):
+    from radiance.kernels import ops as kops
+
+    from radiance.fp8stream import fused_all_reduce
+    from radiance.fp8stream import ops as stream_ops
+
+    work = []
+
+    def must_not_run(name):
+        def run(*args, **kwargs):
+            work.append(name)
+            raise AssertionError(f"{name} ran on input that should have been refused")
+        return run
+
+    for module, name in ((kops, "_kernel"), (reference, "add_rms_quant"),
+                         (reference, "silu_mul_quant"), (stream_ops, "tp_all_reduce"),
+                         (fused_all_reduce, "one_kernel")):
+        monkeypatch.setattr(module, name, must_not_run(name))
     y, w = _rand(3, 256), _rand(256)
     with pytest.raises(TypeError, match="dtype"):
         torch.ops.radiance.ar_add_rms_quant(y.float(), None, w, 1e-6, False, 0, FP8)
     with pytest.raises(ValueError, match="multiple"):
         torch.ops.radiance.silu_mul_quant(_rand(3, 200), 128, FP8)
+    assert work == []
 
 
 @pytest.mark.parametrize("group", [0, 128])

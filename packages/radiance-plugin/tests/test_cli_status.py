@@ -8,11 +8,16 @@ from radiance.plugin.flags import FLAGS
 def test_status_names_every_flag_and_the_prebuilt_libraries(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(library, "PREBUILT_DIR", tmp_path / "none")
     monkeypatch.setenv("RADIANCE_STRICT", "1")
+    monkeypatch.delenv("RADIANCE_ATTN_SCRATCH_MIB", raising=False)
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
     assert "kernel libraries: none prebuilt; built for the GPU on first use" in out
-    assert all(f.name in out for f in FLAGS)
-    assert "RADIANCE_STRICT" in out and [ln for ln in out.splitlines() if "RADIANCE_STRICT" in ln][0].split()[-1] == "1"
+    lines = out.splitlines()
+    flag_lines = lines[lines.index("flags:") + 1:]
+    assert [ln.split()[0] for ln in flag_lines] == [f.name for f in FLAGS]
+    shown = dict(ln.split(maxsplit=1) for ln in flag_lines)
+    assert shown["RADIANCE_STRICT"] == "1"
+    assert shown["RADIANCE_ATTN_SCRATCH_MIB"] == "(default 256)"
 
     for name in ("cuda-90a", "hip-gfx942", "cuda-89"):
         (tmp_path / "shipped" / name).mkdir(parents=True)

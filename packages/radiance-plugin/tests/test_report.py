@@ -9,11 +9,34 @@ def test_install_wraps_each_worker_class_once():
     import vllm.v1.worker.gpu_worker as gpu_worker
 
     applied, detail = report.install()
-    first = cpu_worker.CPUWorker.__dict__["compile_or_warm_up_model"]
-    applied2, _ = report.install()
-    assert applied and applied2 and "CPUWorker" in detail and "Worker" in detail
-    assert cpu_worker.CPUWorker.__dict__["compile_or_warm_up_model"] is first
-    assert getattr(gpu_worker.Worker.compile_or_warm_up_model, "_radiance_report_wrapped", False)
+    methods = [cls.__dict__["compile_or_warm_up_model"] for cls in (gpu_worker.Worker, cpu_worker.CPUWorker)]
+    applied2, detail2 = report.install()
+    # XPUWorker imports here but inherits the GPU worker's warm-up, already wrapped with it.
+    assert applied and applied2 and detail == detail2 == "after warm-up on Worker, CPUWorker"
+    for cls, method in zip((gpu_worker.Worker, cpu_worker.CPUWorker), methods):
+        assert cls.__dict__["compile_or_warm_up_model"] is method, cls.__name__
+        assert getattr(method, "_radiance_report_wrapped", False), cls.__name__
+        assert not getattr(method.__wrapped__, "_radiance_report_wrapped", False), cls.__name__
+
+
+def test_install_without_a_worker_class_says_why(monkeypatch, caplog):
+    monkeypatch.setattr(report, "WORKER_CLASSES", (("radiance_no_such_worker_module", "Worker"),
+                                                   ("vllm.v1.worker.gpu_worker", "NoSuchWorker")))
+    with caplog.at_level(logging.DEBUG, logger="vllm.radiance.plugin"):
+        applied, detail = report.install()
+    assert applied is False
+    assert detail == (
+        "no vLLM worker class with compile_or_warm_up_model found (not importable: "
+        "radiance_no_such_worker_module: ModuleNotFoundError: No module named "
+        "'radiance_no_such_worker_module'; vllm.v1.worker.gpu_worker: AttributeError: module "
+        "'vllm.v1.worker.gpu_worker' has no attribute 'NoSuchWorker')")
+    assert [r.getMessage() for r in caplog.records if r.name == "vllm.radiance.plugin"] == [
+        "radiance report: radiance_no_such_worker_module.Worker not importable: ModuleNotFoundError: "
+        "No module named 'radiance_no_such_worker_module'",
+        "radiance report: vllm.v1.worker.gpu_worker.NoSuchWorker not importable: AttributeError: "
+        "module 'vllm.v1.worker.gpu_worker' has no attribute 'NoSuchWorker'",
+    ]
+    assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "vllm.radiance.plugin")
 
 
 class _FakeWorkerBase:

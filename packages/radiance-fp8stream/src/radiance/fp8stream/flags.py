@@ -12,11 +12,11 @@ STREAM = "RADIANCE_FP8_STREAM"
 GDN_NORM_QUANT = "RADIANCE_GDN_NORM_QUANT"
 FUSED_ALLREDUCE = "RADIANCE_FUSED_ALLREDUCE"
 
-# Decided by the H200 per-site measurements (benchmarks/results): the fused input and mid
-# epilogues beat the compiled stock chain at every measured M in both committed runs (1.5-3.1 us
-# saved per site), so the stream is on. The GatedDeltaNet norm epilogue (2.5-3.1 us) lost to stock
-# at M = 1 in one of them (2.50 vs 2.06 us; stock moved between 2.06 and 6.71 us across runs):
-# opt-in until that baseline is settled.
+# Decided by the H200 per-site measurements (benchmarks/results; the numbers are in the README's
+# Flags section): the fused input and mid epilogues beat the compiled stock chain at every
+# measured M in every committed run, so the stream is on. The GatedDeltaNet norm epilogue lost to
+# stock at M = 1 in one run, the stock chain moving a lot from run to run: opt-in until that
+# baseline is settled.
 # The one-kernel all-reduce epilogue at tensor-parallel size > 1 is exact (bit-identical to
 # all-reduce + the epilogue kernel on every rank), so it is on wherever the peer setup succeeds.
 DEFAULTS = {STREAM: "1", GDN_NORM_QUANT: "0", FUSED_ALLREDUCE: "1"}

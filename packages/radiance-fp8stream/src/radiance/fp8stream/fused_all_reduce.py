@@ -44,34 +44,43 @@ def _set(comm, line: str) -> str:
     return line
 
 
+def _off(line: str, world_size) -> str:
+    _set(None, line)
+    logger.info("fused all-reduce epilogue %s", line)
+    from radiance.kernels import registry
+    from radiance.kernels.peer_all_reduce import OP
+
+    registry.record(OP, {"world_size": world_size}, None, line)
+    return line
+
+
 def setup(fused_sites: int, ubatching: bool = False) -> str:
     """Set up the peer all-reduce for this process's tensor-parallel group when the flag is on,
     the group has more than one rank and the rewrite installed ``fused_sites`` > 0 epilogues that
     reduce. ``ubatching``: vLLM overlaps micro-batches (DBO), which puts a rank's all-reduces on
     more than one stream, while the peer exchange counts calls in one stream order, so it stays
-    off. Idempotent. Returns the status line (also logged and in the selection report)."""
-    from radiance.kernels import registry
-    from radiance.kernels.peer_all_reduce import KERNEL_NAME, OP, PeerAllReduce
-
+    off. Idempotent. Returns the status line; every outcome but tensor-parallel size 1 (nothing
+    to reduce, nothing to report) is also logged and recorded in the selection report."""
     if _comm is not None:
         return _status
-    if not flags.fused_allreduce_enabled():
-        return _set(None, f"off ({flags.FUSED_ALLREDUCE}=0)")
+    # Read first so a bad value raises whatever the group size.
+    enabled = flags.fused_allreduce_enabled()
     from vllm.distributed import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
-        return _set(None, "off (vLLM's parallel groups are not initialized)")
+        return _off("off (vLLM's parallel groups are not initialized)", "unknown")
     tp = parallel_state.get_tp_group()
     if tp.world_size == 1:
         return _set(None, "off (tensor-parallel size 1: nothing to reduce)")
+    if not enabled:
+        return _off(f"off ({flags.FUSED_ALLREDUCE}=0)", tp.world_size)
     if ubatching:
-        line = _set(None, "off (micro-batch overlap runs a rank's all-reduces on two streams)")
-        registry.record(OP, {"world_size": tp.world_size}, None, line)
-        return line
+        return _off("off (micro-batch overlap runs a rank's all-reduces on two streams)", tp.world_size)
     if fused_sites == 0:
-        line = _set(None, "off (the fp8 stream installed no epilogue that reduces)")
-        registry.record(OP, {"world_size": tp.world_size}, None, line)
-        return line
+        return _off("off (the fp8 stream installed no epilogue that reduces)", tp.world_size)
+    from radiance.kernels import registry
+    from radiance.kernels.peer_all_reduce import KERNEL_NAME, OP, PeerAllReduce
+
     comm = PeerAllReduce(tp.cpu_group, tp.device)
     if not comm.enabled:
         line = _set(None, f"off: {comm.reason}")

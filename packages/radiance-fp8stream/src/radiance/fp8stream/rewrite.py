@@ -147,16 +147,6 @@ def find_core(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def _accepts(linear: nn.Module | None) -> int | None:
-    if linear is None:
-        return None
-    try:
-        from radiance.gemm import accepts_prequantized
-    except ImportError:  # radiance-gemm absent: no linear can take a (q, scale) tuple
-        return None
-    return accepts_prequantized(linear)
-
-
 def _is_gemma(norm: nn.Module) -> bool | None:
     """True for GemmaRMSNorm, False for plain RMSNorm, None for anything else."""
     gemma = _module_attr("vllm.model_executor.layers.layernorm", "GemmaRMSNorm")
@@ -174,11 +164,12 @@ def _is_gemma(norm: nn.Module) -> bool | None:
 
 
 class _Planner:
-    def __init__(self, model, core, *, tp, lowering, gdn_norm_quant, act_dtype, device, taps):
-        self.model, self.core, self.tp = model, core, tp
+    def __init__(self, *, tp, lowering, gdn_norm_quant, act_dtype, device, taps, accepts):
+        self.tp = tp
         self.gdn = gdn_norm_quant
         self.act_dtype, self.device, self.taps = act_dtype, device, taps
         self.epilogues = Epilogues(lowering, tp)
+        self.accepts = accepts
         self.skips: list[Skip] = []
 
     def skip(self, layer, site, reason) -> None:
@@ -196,13 +187,13 @@ class _Planner:
         sel = registry.select(op, **query)
         return None if sel else f"no {op} kernel for K={k} group={group}: {sel.reason}"
 
-    def consumers(self, site: str, linears: list[tuple[str, nn.Module | None]], k: int,
+    def consumers(self, linears: list[tuple[str, nn.Module | None]], k: int,
                   op: str, extra=()) -> tuple[SiteQuant | None, str | None]:
         """The quantization every consumer of a site wants, or why the site stays stock."""
         groups = set()
         fp8 = set()
         for name, linear in linears:
-            group = _accepts(linear)
+            group = self.accepts(linear) if linear is not None else None
             if group is None:
                 return None, f"consumer {name} does not take a pre-quantized input (not a radiance-gemm linear)"
             if group not in reference.GROUP_SIZES:
@@ -220,7 +211,7 @@ class _Planner:
             return None, why
         return SiteQuant(group, fp8_dtype), None
 
-    def layer(self, i: int, layer: nn.Module, first: bool) -> LayerPlan | None:
+    def layer(self, i: int, layer: nn.Module) -> LayerPlan | None:
         family = _layer_family(layer)
         if family is None:
             for site in SITES:
@@ -246,7 +237,7 @@ class _Planner:
         elif not _attention_ok(layer.self_attn):
             self.skip(i, "input", f"{type(layer.self_attn).__name__}.forward is not one the stream knows")
         else:
-            site, why = self.consumers("input", [("self_attn.qkv_proj", layer.self_attn.qkv_proj)],
+            site, why = self.consumers([("self_attn.qkv_proj", layer.self_attn.qkv_proj)],
                                        hidden, "add_rms_quant")
             if site is not None:
                 plan.input = dataclasses.replace(site, gemma=gemma_in)
@@ -269,7 +260,7 @@ class _Planner:
         elif self.tp > 1 and not getattr(row, "reduce_results", False):
             self.skip(i, "mid", f"{row_name} does not reduce its output")
         else:
-            site, why = self.consumers("mid", [("mlp.gate_up_proj", layer.mlp.gate_up_proj)],
+            site, why = self.consumers([("mlp.gate_up_proj", layer.mlp.gate_up_proj)],
                                        hidden, "add_rms_quant")
             if site is not None:
                 plan.mid = dataclasses.replace(site, gemma=gemma_post)
@@ -284,7 +275,7 @@ class _Planner:
             self.skip(i, "act", f"activation {type(layer.mlp.act_fn).__name__} is not SiluAndMul")
         else:
             down = layer.mlp.down_proj
-            site, why = self.consumers("act", [("mlp.down_proj", down)],
+            site, why = self.consumers([("mlp.down_proj", down)],
                                        down.input_size_per_partition, "silu_mul_quant")
             if site is not None:
                 plan.act = site
@@ -311,7 +302,7 @@ class _Planner:
                 elif width % head:
                     self.skip(i, "gdn_norm", f"out_proj width {width} is not a multiple of head dim {head}")
                 else:
-                    site, why = self.consumers("gdn_norm", [("linear_attn.out_proj", la.out_proj)],
+                    site, why = self.consumers([("linear_attn.out_proj", la.out_proj)],
                                                width, "gdn_norm_quant", (("head_dim", head),))
                     if site is not None:
                         plan.gdn_norm = site
@@ -395,6 +386,12 @@ def plan(model: nn.Module, *, lowering: str = "auto", gdn_norm_quant: bool | Non
         return skip_all(f"pipeline parallel size {pp}: the layer hand-off would cross stages")
     if lora:
         return skip_all("LoRA wraps the linears after load; they would receive (q, scale) tuples")
+    try:
+        from radiance.gemm import accepts_prequantized
+    except ImportError as exc:
+        # Said once here: per site it would read as if each consumer were the wrong linear.
+        return skip_all(f"radiance-gemm is not importable ({type(exc).__name__}: {exc}): no linear "
+                        "takes a pre-quantized input")
     if device is None:
         param = next(iter(core.parameters()), None)
         device = param.device if param is not None else torch.device("cpu")
@@ -416,12 +413,12 @@ def plan(model: nn.Module, *, lowering: str = "auto", gdn_norm_quant: bool | Non
     else:
         tap_set = taps if isinstance(taps, _EveryLayer) else set(taps)
 
-    planner = _Planner(model, core, tp=tp, lowering=chosen, gdn_norm_quant=gdn,
-                       act_dtype=act_dtype, device=device, taps=tap_set)
+    planner = _Planner(tp=tp, lowering=chosen, gdn_norm_quant=gdn, act_dtype=act_dtype,
+                       device=device, taps=tap_set, accepts=accepts_prequantized)
     plans: list[LayerPlan | None] = []
     for offset, layer in enumerate(layers):
         i = start + offset
-        p = planner.layer(i, layer, first=offset == 0)
+        p = planner.layer(i, layer)
         if p is not None and offset > 0:
             planner.handoff(i, layers[offset - 1], plans[-1], p)
         plans.append(p)

@@ -19,7 +19,7 @@ class Flag:
 FLAGS: tuple[Flag, ...] = (
     Flag("RADIANCE_DISABLE", "(empty)", "plugin",
          "comma list of hooks to leave out: gemm, fp8stream, attn, plugin (the report)"),
-    Flag("RADIANCE_MODELS_DIR", "~/.cache/radiance/models", "plugin",
+    Flag("RADIANCE_MODELS_DIR", "${XDG_CACHE_HOME:-~/.cache}/radiance/models", "plugin",
          "where the tiny local models are built and cached"),
     Flag("RADIANCE_CACHE_DIR", "~/.cache/radiance", "kernels",
          "root of the per-user kernel cache (libraries under kernels/); private, never shared"),

@@ -70,10 +70,15 @@ def _wrap(method):
 def install() -> tuple[bool, str]:
     """Wrap each worker class's own warm-up so rank 0 prints the report after it."""
     wrapped = []
+    not_imported = []
     for module_name, class_name in WORKER_CLASSES:
         try:
             cls = getattr(importlib.import_module(module_name), class_name)
-        except Exception:  # noqa: BLE001 - a platform's worker module may not import here
+        except Exception as exc:  # noqa: BLE001 - a platform's worker module may not import here
+            # Usual for another platform's worker, so only at debug; it is the reason if none imports.
+            not_imported.append(f"{module_name}: {type(exc).__name__}: {exc}")
+            logger.debug("radiance report: %s.%s not importable: %s: %s", module_name, class_name,
+                         type(exc).__name__, exc)
             continue
         method = cls.__dict__.get("compile_or_warm_up_model")
         if method is None:
@@ -82,5 +87,6 @@ def install() -> tuple[bool, str]:
             setattr(cls, "compile_or_warm_up_model", _wrap(method))
         wrapped.append(class_name)
     if not wrapped:
-        return False, "no vLLM worker class with compile_or_warm_up_model found"
+        why = "no vLLM worker class with compile_or_warm_up_model found"
+        return False, why + (f" (not importable: {'; '.join(not_imported)})" if not_imported else "")
     return True, "after warm-up on " + ", ".join(wrapped)

@@ -564,7 +564,7 @@ def build(kind: str, dtype: str = "bf16", root: Path | str | None = None) -> Pat
     root = Path(root) if root is not None else default_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     config = config_for(kind, dtype)
-    final = root / f"{kind}-{dtype}-{config_hash(config)}"
+    final = root / model_dir_name(kind, dtype)
     if is_complete(final):
         return final
     with _locked(root / f".{final.name}.lock"):
