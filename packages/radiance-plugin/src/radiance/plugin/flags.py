@@ -21,7 +21,7 @@ FLAGS: tuple[Flag, ...] = (
          "comma list of hooks to leave out: gemm, fp8stream, attn, plugin (the report)"),
     Flag("RADIANCE_MODELS_DIR", "${XDG_CACHE_HOME:-~/.cache}/radiance/models", "plugin",
          "where the tiny local models are built and cached"),
-    Flag("RADIANCE_CACHE_DIR", "~/.cache/radiance", "kernels",
+    Flag("RADIANCE_CACHE_DIR", "${XDG_CACHE_HOME:-~/.cache}/radiance", "kernels",
          "root of the per-user kernel cache (libraries under kernels/); private, never shared"),
     Flag("RADIANCE_STRICT", "0", "kernels",
          "1: a kernel build failure or a missing compiler raises instead of falling back"),
