@@ -184,3 +184,90 @@ def test_newer_lookup_decides_once_a_batch():
     other = _lookup(calls=calls)
     calls.clear()
     assert other("attn_3d", p) == first[1] and calls == ["attn_3d", "kv_split"]
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "vllm.radiance.attn" and r.levelname == "WARNING"]
+
+
+def test_newer_lookup_warns_with_the_field_params_geometry_could_not_read(caplog):
+    get = _lookup()
+    odd = _params()._replace(num_tokens="seven")
+    with caplog.at_level("WARNING", logger="vllm.radiance.attn"):
+        assert get("kv_split", odd) == STOCK["kv_split"]
+        assert get("attn_3d", odd) == STOCK["attn_3d"]
+    (warning,) = _warnings(caplog)
+    assert "ValueError: invalid literal for int() with base 10: 'seven'" in warning
+    assert warning.endswith("; AITER's own config kept")
+
+
+def _selector_module():
+    def select_3d_config(head_size, max_seqlen_k, q_dtype, kv_cache_dtype, block_size, num_2d_prgms, tile=64):
+        return {"TILE_SIZE": tile, "NUM_SEGMENTS_PER_SEQ": 16, "num_warps": 2}, {"TILE_SIZE": tile, "num_warps": 2}
+
+    def select_2d_config(head_size, max_seqlen_q, max_seqlen_k, q_dtype, kv_cache_dtype, block_size,
+                         num_queries_per_kv, shuffled_kv_cache=False):
+        return {"BLOCK_M": 16, "TILE_SIZE": 32, "num_warps": 2}
+
+    mod = types.SimpleNamespace(select_3d_config=select_3d_config, select_2d_config=select_2d_config,
+                                kernel_unified_attention_3d=object())
+    assert aiter_adapter.patch_selector_module(mod, "gfx1201", tables.for_arch("gfx1201"))
+    return mod
+
+
+def test_selectors_keep_aiters_config_and_warn_once_a_reason(caplog):
+    mod = _selector_module()
+    args = dict(head_size=256, max_seqlen_k=32768, q_dtype=FP8, kv_cache_dtype=FP8, block_size=16, num_2d_prgms=4)
+
+    def unified_attention(q, num_seqs, num_kv_heads, max_seqlen_q, **kw):  # noqa: ARG001 - AITER's frame
+        return mod.select_3d_config(**kw)
+
+    q = torch.empty(9, 12, 256)
+    with caplog.at_level("WARNING", logger="vllm.radiance.attn"):
+        for _ in range(2):
+            assert mod.select_3d_config(**args)[0]["TILE_SIZE"] == 64  # no AITER frame above
+            assert unified_attention(q, 1, 2, 9, **args, tile=24)[0]["TILE_SIZE"] == 24  # 24 % 16
+            assert mod.select_2d_config(256, 9, "many", FP8, FP8, 16, 6) == {"BLOCK_M": 16, "TILE_SIZE": 32,
+                                                                            "num_warps": 2}
+        # what the policy applies to: no warning, the gfx1201 verify rules
+        attn, _ = unified_attention(q, 1, 2, 9, **args)
+    assert attn["TILE_SIZE"] == 32
+    got = _warnings(caplog)
+    assert len(got) == 3, got
+    assert "not called from an AITER unified_attention frame" in got[0]
+    assert "AITER's 3D tile 24 is not a multiple of the KV block size 16" in got[1]
+    assert "select_2d_config took or returned something unexpected (ValueError: invalid literal" in got[2]
+
+
+def test_keyword_lookup_warns_when_the_policy_cannot_apply(caplog):
+    def get_config(head_size=None, max_seqlen_k=0, q_dtype=None, kv_cache_dtype=None, block_size=16):
+        return {"TILE_SIZE": 64, "NUM_SEGMENTS_PER_SEQ": 16}, {"num_warps": 2}
+
+    mod = types.SimpleNamespace(get_config=get_config)
+    # a user's table whose decode section lacks its reduce overlay
+    table = {"arch": "gfx1201", "aiter": {"decode_3d": {"attn": {"TILE_SIZE": 16}}}}
+    assert aiter_adapter.patch_lookup_module(mod, "get_config", "gfx1201", table)
+
+    def unified_attention(q, num_seqs, num_kv_heads, max_seqlen_q):  # noqa: ARG001 - AITER's frame
+        return mod.get_config(head_size=256, max_seqlen_k=32768, q_dtype=FP8, kv_cache_dtype=FP8)
+
+    with caplog.at_level("WARNING", logger="vllm.radiance.attn"):
+        assert unified_attention(torch.empty(9, 12, 256), 1, 2, 9) == get_config()
+    (warning,) = _warnings(caplog)
+    assert "AITER's get_config took or returned something unexpected (KeyError: 'reduce')" in warning
+
+
+def test_install_reports_why_a_present_aiter_failed_to_import(monkeypatch, tmp_path):
+    pkg = tmp_path / "fake_rocm_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "broken.py").write_text("raise RuntimeError('HIP runtime not found')\n")
+    (pkg / "needs_dep.py").write_text("import radiance_attn_test_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("fake_rocm_attn.absent", "fake_rocm_attn.broken", "fake_rocm_attn.needs_dep")
+    monkeypatch.setattr(aiter_adapter, "MODULE_NAMES", names)
+    # an absent module is AITER not installed (quiet); the other two are a present but broken one
+    assert aiter_adapter.install() == (
+        False, "AITER unified attention not importable (fake_rocm_attn.broken: RuntimeError: HIP runtime not "
+               "found; fake_rocm_attn.needs_dep: ModuleNotFoundError: No module named "
+               "'radiance_attn_test_missing_dependency')")

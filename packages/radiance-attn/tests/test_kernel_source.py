@@ -1,5 +1,9 @@
 """Staging vLLM's kernel and loading it without vLLM's import graph."""
 
+import shutil
+import sys
+import types
+
 import pytest
 
 from radiance.attn import kernel_source
@@ -43,7 +47,34 @@ def test_stage_and_load_installed_vllm(staged_dir, kernel_module):
     assert "num_queries_per_kv" in kernel_module.kernel_unified_attention.arg_names
     assert "NUM_SEGMENTS_PER_SEQ" in kernel_module.reduce_segments.arg_names
     assert kernel_module.KVQuantMode.FP8_PER_TENSOR == 1
-    assert not any(n.startswith("vllm") for n in kernel_module.__dict__ if n == "vllm")
+    assert _from_vllm(kernel_module) == []
+
+
+def _from_vllm(module) -> list[str]:
+    """Globals of ``module`` (and of the staged helpers it imports) that are vLLM's objects."""
+    seen = []
+    for mod in (module, sys.modules[module.__name__.rsplit(".", 1)[0] + ".triton_attention_helpers"]):
+        for name, value in vars(mod).items():
+            origin = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+            if isinstance(origin, str) and origin.split(".")[0] == "vllm":
+                seen.append(f"{mod.__name__}.{name} from {origin}")
+    return seen
+
+
+def test_load_imports_no_vllm_module(staged_dir, tmp_path, monkeypatch):
+    """The GPU harness has no vLLM: a staged copy loads with every vllm module unimportable."""
+    pytest.importorskip("triton")
+    copy = tmp_path / "staged"
+    shutil.copytree(staged_dir, copy)
+    with open(copy / kernel_source.KV_QUANT_FILE, "a") as f:  # other bytes: load() imports it afresh
+        f.write("\n# a copy\n")
+    for name in [n for n in sys.modules if n.split(".")[0] == "vllm"]:
+        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: an import raises
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    module = kernel_source.load(copy)
+    assert module is not kernel_source.load(staged_dir)
+    assert "num_queries_per_kv" in module.kernel_unified_attention.arg_names
+    assert _from_vllm(module) == []
 
 
 def test_load_rejects_non_staged_dir(tmp_path):

@@ -61,7 +61,8 @@ def test_split_rule_with_its_own_programs_exponent():
 
 
 @pytest.mark.parametrize("width,seqs,qpkv,expect", [
-    (9, 1, 6, None),  # 54 rows: 84% of 64 -> widen... computed below
+    (9, 1, 6, 64),  # 54 rows: 84% of 64 -> widen
+    (9, 8, 6, 64),  # the same rows a sequence, whatever the batch
     (6, 8, 6, None),  # 36 rows: 56% full -> stock (seed: 20% slower wide)
     (1, 8, 6, None),  # all-decode never widens
     (11, 1, 6, None),  # 66 rows > 64: no allowed block holds them
@@ -69,9 +70,7 @@ def test_split_rule_with_its_own_programs_exponent():
 def test_wide_block_m_fill_gate(width, seqs, qpkv, expect):
     g = geo(num_query_heads=2 * qpkv, num_tokens=width * seqs, num_seqs=seqs, max_seqlen_q=width)
     wide = GFX["aiter"]["decode_3d"]["verify"]["wide"]
-    rows = width * qpkv
-    want = 64 if (width > 1 and 0.8 * 64 <= rows <= 64) else None
-    assert policy.wide_block_m(g, wide) == want
+    assert policy.wide_block_m(g, wide) == expect
 
 
 def test_no_widening_when_the_stock_block_holds_every_row():
@@ -149,7 +148,7 @@ def test_aiter_prefill_by_head_size():
     assert (bf["TILE_SIZE"], bf["num_warps"], bf["num_stages"], bf["waves_per_eu"]) == (16, 4, 1, 1)
 
 
-def test_tables_are_per_arch(tmp_path, monkeypatch):
+def test_tables_are_per_arch(tmp_path, monkeypatch, caplog):
     import json
 
     other = {"arch": "sm_90", "triton": {"default": {"split": {"coef": 1, "exp": 1, "min": 4, "max": 8}}, "classes": []}}
@@ -158,13 +157,19 @@ def test_tables_are_per_arch(tmp_path, monkeypatch):
     monkeypatch.setenv("RADIANCE_ATTN_TABLE", str(path))
     tables.load_file.cache_clear()
     assert tables.for_arch("sm_90")["triton"]["default"]["split"]["max"] == 8
-    # a table for sm_90 never moves a gfx1201 shape
+    # a table for sm_90 never moves a gfx1201 shape, and says so once per arch it is asked for
     g = geo(num_tokens=9, max_seqlen_q=9)
-    assert policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=10) == policy.aiter_decode_3d(
-        g, *STOCK_3D, num_2d_programs=10, table=tables.load_file(str(tables.table_file("gfx1201"))))
-    assert tables.for_arch("gfx1201")["arch"] == "gfx1201"
-    assert tables.for_arch("sm_80") is None
-    assert policy.triton_launch(geo(arch="sm_80", q_dtype="bf16", kv_dtype="bf16")) is None
+    with caplog.at_level("WARNING", logger="vllm.radiance.attn"):
+        assert policy.aiter_decode_3d(g, *STOCK_3D, num_2d_programs=10) == policy.aiter_decode_3d(
+            g, *STOCK_3D, num_2d_programs=10, table=tables.load_file(str(tables.table_file("gfx1201"))))
+        assert tables.for_arch("gfx1201")["arch"] == "gfx1201"
+        assert tables.for_arch("sm_80") is None
+        assert policy.triton_launch(geo(arch="sm_80", q_dtype="bf16", kv_dtype="bf16")) is None
+    assert [r.getMessage() for r in caplog.records if r.name == "vllm.radiance.attn"] == [
+        f"radiance-attn: RADIANCE_ATTN_TABLE={path} is a table for sm_90, ignored on gfx1201; "
+        "the shipped gfx1201.json serves gfx1201",
+        f"radiance-attn: RADIANCE_ATTN_TABLE={path} is a table for sm_90, ignored on sm_80; "
+        "no table serves sm_80: its attention stays stock"]
 
 
 def test_bad_table_and_bad_geometry_rejected(tmp_path):
@@ -205,6 +210,22 @@ def test_triton_launch_verify_split_and_grid():
     wide = policy.triton_launch(sm90(num_tokens=7, max_seqlen_q=7), table)  # 56 rows: widen
     assert (wide.block_m, wide.block_q, wide.tile_size, wide.num_warps) == (64, 8, 32, 4)
     assert wide.grid(7, 1, 2)[0] == 7 // 8 + 1
+
+
+def test_verify_max_query_len_is_the_serving_rules():
+    split = {"coef": 16, "exp": 1 / 3, "min": 4, "max": 128}
+    table = {"arch": "sm_90", "triton": {
+        "default": {"max_query_len": 9, "max_seqs": 8, "split": split},
+        "classes": [{"match": {"head_size": 128}, "rule": {"max_query_len": 4, "max_seqs": 8, "split": split}}]}}
+    assert policy.verify_max_query_len(table, sm90()) == 9
+    assert policy.verify_max_query_len(table, sm90(head_size=128, num_query_heads=16)) == 4
+    # more sequences than the rule serves: still its class's bound (the batch is verify-shaped)
+    assert policy.verify_max_query_len(table, sm90(head_size=128, num_seqs=64, num_tokens=64)) == 4
+    assert policy.verify_max_query_len(table) == 9  # no geometry: the default rule
+    assert policy.verify_max_query_len(None) == policy.DEFAULT_MAX_QUERY_LEN == 16
+    # the bound triton_launch applies: a width-5 batch of the head-128 class is prefill-shaped
+    assert policy.triton_launch(sm90(head_size=128, num_tokens=5, max_seqlen_q=5), table) is None
+    assert policy.triton_launch(sm90(head_size=128, num_tokens=4, max_seqlen_q=4), table) is not None
 
 
 def test_triton_launch_stock_cases():

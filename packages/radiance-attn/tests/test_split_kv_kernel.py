@@ -75,17 +75,30 @@ def test_short_scratch_raises_before_any_launch():
                                torch.empty(units * 64), torch.empty(units - 1), torch.empty(units))
 
 
-def test_cuda_partial_pass_refuses_before_any_launch():
-    """The CUDA partial pass (radiance-kernels' split_kv_partial) takes num_warps as its key warps;
-    a launch it has no instance for raises before anything runs, on any machine."""
+def _scratch_for(q, segments=16):
+    units = q.shape[0] * q.shape[1] * segments
+    return torch.empty(units * 64), torch.empty(units), torch.empty(units)
+
+
+def test_an_unknown_partial_pass_raises_before_any_launch():
     pytest.importorskip("triton")
     q, k, v, out, ks, vs = _tensors()
     cu, lens = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([100], dtype=torch.int32)
     bt = torch.zeros(1, 8, dtype=torch.int32)
-    units = 4 * 8 * 16
-    scratch = (torch.empty(units * 64), torch.empty(units), torch.empty(units))
     with pytest.raises(ValueError, match="partial_pass"):
-        split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, _launch(), *scratch, partial_pass="ptx")
+        split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, _launch(), *_scratch_for(q),
+                               partial_pass="ptx")
+
+
+def test_cuda_partial_pass_refuses_before_any_launch():
+    """The CUDA partial pass (radiance-kernels' split_kv_partial) takes num_warps as its key warps;
+    a launch it has no instance for raises before anything runs, on any machine."""
+    pytest.importorskip("triton")
+    pytest.importorskip("radiance.kernels.split_kv_attention")
+    q, k, v, out, ks, vs = _tensors()
+    cu, lens = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([100], dtype=torch.int32)
+    bt = torch.zeros(1, 8, dtype=torch.int32)
+    scratch = _scratch_for(q)
     with pytest.raises(ValueError, match="does not split over 3 key warps"):
         split_kv_kernel.launch(q, k, v, out, cu, lens, bt, 4, 0.125, ks, vs, replace(_launch(), num_warps=3),
                                *scratch, partial_pass="cuda")
@@ -337,6 +350,7 @@ def test_a_warpgroup_launch_runs_where_it_can_and_on_the_triton_pass_elsewhere(k
     """A table's warpgroup launch: on this machine (no sm_90 GPU) the same launch on the Triton
     pass, with the reason; where the pass runs, its launch, handed to split_kv_kernel.launch; a
     call whose tensors it cannot take, the Triton pass for that call."""
+    pytest.importorskip("radiance.kernels.split_kv_attention")
     from radiance.attn import triton_launch
     from radiance.attn.triton_launch import RadianceUnifiedAttention
 

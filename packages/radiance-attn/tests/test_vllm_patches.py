@@ -2,11 +2,13 @@
 
 import dataclasses
 import importlib
+import json
+import logging
 
 import pytest
 import torch
 
-from radiance.attn import policy, triton_launch, vllm_patches
+from radiance.attn import policy, tables, triton_launch, vllm_patches
 
 triton_attn = pytest.importorskip("vllm.v1.attention.backends.triton_attn")
 
@@ -14,13 +16,18 @@ triton_attn = pytest.importorskip("vllm.v1.attention.backends.triton_attn")
 def test_install_skips_on_a_platform_without_triton_kernels(monkeypatch):
     # vLLM's CPU build replaces Triton with placeholders: nothing to launch, so nothing installed
     monkeypatch.delenv("RADIANCE_ATTN", raising=False)
-    applied, detail = vllm_patches.install()
+    monkeypatch.delenv(tables.ENV_TABLE, raising=False)
     ops = importlib.import_module(vllm_patches.TRITON_OPS)
-    if getattr(ops.kernel_unified_attention, "arg_names", None) is None:
-        assert not applied
-        assert "not a Triton kernel here" in detail
-        assert "AITER unified attention not importable" in detail
-        assert triton_attn.unified_attention is ops.unified_attention
+    try:
+        applied, detail = vllm_patches.install()
+    finally:
+        vllm_patches.uninstall_triton(triton_attn)  # where it did install, later tests get stock
+    if getattr(ops.kernel_unified_attention, "arg_names", None) is not None:
+        pytest.skip("this vLLM has real Triton kernels: install applies here")
+    assert not applied
+    assert "not a Triton kernel here" in detail
+    assert "AITER unified attention not importable" in detail
+    assert triton_attn.unified_attention is ops.unified_attention
 
 
 def test_disabled_by_flag(monkeypatch):
@@ -29,8 +36,6 @@ def test_disabled_by_flag(monkeypatch):
 
 
 def test_unusable_table_override_leaves_attention_stock_at_install(monkeypatch, tmp_path):
-    from radiance.attn import tables
-
     monkeypatch.delenv("RADIANCE_ATTN", raising=False)
     stock = triton_attn.unified_attention
     missing = tmp_path / "missing.json"
@@ -43,6 +48,25 @@ def test_unusable_table_override_leaves_attention_stock_at_install(monkeypatch, 
     applied, detail = vllm_patches.install()
     assert not applied and "split.coef/exp/min/max" in detail
     assert triton_attn.unified_attention is stock
+
+
+def test_a_table_override_for_another_arch_is_reported_at_install(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv("RADIANCE_ATTN", raising=False)
+    monkeypatch.setattr(vllm_patches, "install_triton", lambda: (True, "launch installed"))
+    monkeypatch.setattr(vllm_patches, "_install_aiter", lambda: (False, "no AITER"))
+    other = tmp_path / "gfx1201.json"
+    other.write_text(json.dumps({"arch": "gfx1201"}))
+    monkeypatch.setenv(tables.ENV_TABLE, str(other))
+    # GPU not known at install (CUDA not initialized by then): the detail says what the table serves
+    monkeypatch.setattr(vllm_patches, "_known_arch", lambda: None)
+    assert vllm_patches.install() == (True, f"{tables.ENV_TABLE}={other} serves gfx1201 only; "
+                                            "triton: launch installed; aiter: no AITER")
+    monkeypatch.setattr(vllm_patches, "_known_arch", lambda: "sm_90")
+    with caplog.at_level("WARNING", logger="vllm.radiance.attn"):
+        applied, detail = vllm_patches.install()
+    note = f"{tables.ENV_TABLE}={other} is a table for gfx1201, ignored on sm_90; the shipped sm90.json serves sm_90"
+    assert applied and detail.startswith(note + "; triton: ")
+    assert [r.getMessage() for r in caplog.records] == [f"radiance-attn: {note}"]
 
 
 def test_a_failing_adapter_is_reported_and_the_other_still_installs(monkeypatch):
@@ -106,6 +130,8 @@ def _call_kwargs(**over):
 
 @pytest.mark.parametrize("over,why", [
     (dict(window_size=(127, 0)), "sliding window"),
+    (dict(window_size=(127, 0), chunk_lookback=1), "chunked attention (chunk_lookback 1)"),
+    (dict(chunk_lookback=0), "chunked attention (chunk_lookback 0)"),
     (dict(causal=False), "non-causal"),
     (dict(alibi_slopes=torch.zeros(16)), "alibi_slopes"),
     (dict(kv_quant_mode=3), "kv_quant_mode 3"),
@@ -161,15 +187,80 @@ def test_decisions_are_kept_per_geometry(kernel_module, monkeypatch):
     assert len(r._launches) <= triton_launch._MAX_CACHED_DECISIONS
 
 
-def test_unknown_keyword_goes_to_stock(kernel_module):
-    seen = {}
+def test_unchunked_calls_are_radiances(kernel_module):
+    # vLLM's default (-1) is no chunking: the verify batch keeps its launch
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    assert r.decide(_call_kwargs(chunk_lookback=-1)) == r.decide(_call_kwargs())
+    assert r.decide(_call_kwargs(chunk_lookback=-1))[1] is not None
 
-    def stock(**kw):
-        seen.update(kw)
+
+def test_a_chunked_call_runs_the_stock_wrapper(kernel_module, monkeypatch):
+    # vLLM's Gemma3/rnj1 chunked layers: a sliding window and chunk_lookback 1, which radiance's
+    # launch has no mask for
+    seen = []
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, stock=lambda **kw: seen.append(kw), arch="sm_90",
+                                               num_sms=132)
+    monkeypatch.setattr(r, "launch", lambda *a: pytest.fail("radiance launched a chunked call"))
+    r(**_call_kwargs(window_size=(8191, 0), chunk_lookback=1))
+    assert len(seen) == 1 and seen[0]["chunk_lookback"] == 1
+    assert r.last_decision == (None, None, "stock: chunked attention (chunk_lookback 1)")
+
+
+def test_unknown_keyword_goes_to_stock_with_one_warning_a_reason(kernel_module, caplog):
+    seen = []
+
+    def stock(*a, **kw):
+        seen.append(kw)
 
     r = triton_launch.RadianceUnifiedAttention(kernel_module, stock=stock, arch="sm_90", num_sms=132)
-    r(**_call_kwargs(), some_future_flag=True)
-    assert seen["some_future_flag"] is True
+    with caplog.at_level(logging.WARNING, logger=triton_launch.logger.name):
+        r(**_call_kwargs(), some_future_flag=True)
+        r(**_call_kwargs(), some_future_flag=False)
+        r(**_call_kwargs(), other_flag=1)
+        r(*_call_kwargs().values())  # more positional arguments than vLLM's wrapper takes
+        r(**_call_kwargs(q=None))  # decide() fails reading it
+        r(**_call_kwargs(q=None))
+    assert [kw.get("some_future_flag") for kw in seen[:2]] == [True, False] and len(seen) == 6
+    assert [m.split(": ", 2)[2] for m in _messages(caplog)] == [
+        "unknown keyword arguments ['some_future_flag']", "unknown keyword arguments ['other_flag']",
+        f"{len(_call_kwargs())} positional arguments, more than the {len(triton_launch._POSITIONAL)} radiance reads",
+        "unexpected input (AttributeError: 'NoneType' object has no attribute 'dim')"]
+
+
+def test_report_lines_tell_decode_verify_and_prefill_apart(kernel_module, caplog):
+    """One line for the first batch of each kind; a verify batch is one the table's rule serves
+    (max_query_len), a longer one is prefill, not a first verify batch."""
+    table = {"arch": "sm_90", "triton": {"default": {"max_query_len": 9, "max_seqs": 8,
+                                                     "split": {"coef": 16, "exp": 1 / 3, "min": 4, "max": 128}},
+                                         "classes": []}}
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, stock=lambda **kw: None, arch="sm_90", num_sms=132,
+                                               table=table)
+    r.launch = lambda *a: None
+
+    def call(width, **over):
+        q = torch.zeros(2 * width, 16, 256, dtype=torch.bfloat16)
+        return _call_kwargs(q=q, out=torch.empty_like(q), max_seqlen_q=width,
+                            cu_seqlens_q=torch.tensor([0, width, 2 * width], dtype=torch.int32), **over)
+
+    with caplog.at_level(logging.INFO, logger=triton_launch.logger.name):
+        r(**call(12))  # longer than the rule's 9: prefill
+        r(**call(10, window_size=(127, 0)))  # no geometry read: the table's default rule says prefill
+        r(**call(9))
+        r(**call(1))
+        r(**call(4))
+    lines = _messages(caplog)
+    assert [m.split(" (")[0] for m in lines] == ["radiance-attn first prefill batch",
+                                                 "radiance-attn first verify batch",
+                                                 "radiance-attn first decode batch"]
+    assert "stock wrapper [stock: policy keeps the stock launch]" in lines[0]
+    assert "stock wrapper" not in lines[1]
+    no_rule = triton_launch.RadianceUnifiedAttention(kernel_module, arch="gfx90a", num_sms=1, table={"arch": "x"})
+    assert no_rule._batch_kind({"max_seqlen_q": policy.DEFAULT_MAX_QUERY_LEN}, None) == "verify"
+    assert no_rule._batch_kind({"max_seqlen_q": policy.DEFAULT_MAX_QUERY_LEN + 1}, None) == "prefill"
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == triton_launch.logger.name]
 
 
 def test_scratch_rows():

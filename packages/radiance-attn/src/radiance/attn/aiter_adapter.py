@@ -26,6 +26,7 @@ import sys
 import threading
 
 from radiance.attn import policy, tables
+from radiance.attn.warn_once import warn_once
 
 logger = logging.getLogger("vllm.radiance.attn")
 
@@ -84,17 +85,23 @@ def wrapper_geometry(arch: str, head_size: int, max_seqlen_k: int, q_dtype, kv_d
         del frame
 
 
+_warn_lock = threading.Lock()
+
+
 class _State(threading.local):
     block_m: int | None = None
     logged: bool = False
-    warned: bool = False
     decision: tuple | None = None  # ((geometry, programs), policy decision) of the last 3D batch
 
+    def __init__(self, warned: set[str]) -> None:
+        # threading.local runs __init__ again in every thread with these same arguments: the
+        # threads of one patched module share this set, so a reason is logged once, not per thread.
+        self.warned = warned
+
     def warn_once(self, what: str) -> None:
-        """A patched lookup that cannot apply the policy says so once, then keeps AITER's config."""
-        if not self.warned:
-            self.warned = True
-            logger.warning("radiance-attn: %s; AITER's own config kept", what)
+        """A patched lookup that cannot apply the policy says why, once per distinct reason, and
+        keeps AITER's config."""
+        warn_once(self.warned, _warn_lock, f"{what}; AITER's own config kept", " (further reasons are not logged)")
 
 
 def patch_selector_module(mod, arch: str, table: dict) -> bool:
@@ -113,16 +120,24 @@ def patch_selector_module(mod, arch: str, table: dict) -> bool:
         return False
     o3, o2, k3 = mod.select_3d_config, mod.select_2d_config, mod.kernel_unified_attention_3d
     sig3, sig2 = inspect.signature(o3), inspect.signature(o2)
-    state = _State()
+    state = _State(set())
 
     def select_3d_config(*a, **k):
         attn, red = o3(*a, **k)
         state.block_m = None
         try:
             b = sig3.bind(*a, **k).arguments
+            if _dtype(b["q_dtype"]) is None or _dtype(b["kv_cache_dtype"]) is None:
+                return attn, red  # a dtype the policy has no rule for: AITER's config by design
             geo = wrapper_geometry(arch, b["head_size"], b["max_seqlen_k"], b["q_dtype"],
                                    b["kv_cache_dtype"], b["block_size"])
-            if geo is None or int(attn.get("TILE_SIZE", 0)) % geo.block_size:
+            if geo is None:
+                state.warn_once("select_3d_config was not called from an AITER unified_attention frame "
+                                "radiance can read the batch shape from")
+                return attn, red
+            if int(attn.get("TILE_SIZE", 0)) % geo.block_size:
+                state.warn_once(f"AITER's 3D tile {attn.get('TILE_SIZE')} is not a multiple of the KV block "
+                                f"size {geo.block_size}")
                 return attn, red
             attn, red, bm = policy.aiter_decode_3d(geo, attn, red, int(b["num_2d_prgms"]), table)
             state.block_m = bm
@@ -132,8 +147,9 @@ def patch_selector_module(mod, arch: str, table: dict) -> bool:
                             "(seqs=%d tokens=%d kv=%d)", bm or "stock", attn.get("TILE_SIZE"),
                             attn.get("NUM_SEGMENTS_PER_SEQ"), attn.get("num_warps"), geo.num_seqs,
                             geo.num_tokens, geo.max_seqlen_k)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError) as exc:
             state.block_m = None
+            state.warn_once(f"select_3d_config took or returned something unexpected ({type(exc).__name__}: {exc})")
         return attn, red
 
     def select_2d_config(*a, **k):
@@ -149,7 +165,8 @@ def patch_selector_module(mod, arch: str, table: dict) -> bool:
                                   max_seqlen_k=int(b["max_seqlen_k"]), q_dtype=qd, kv_dtype=kd,
                                   block_size=int(b["block_size"]))
             return policy.aiter_prefill_2d(geo, cfg, table)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError) as exc:
+            state.warn_once(f"select_2d_config took or returned something unexpected ({type(exc).__name__}: {exc})")
             return cfg
 
     class _Wide3D:
@@ -181,21 +198,19 @@ def patch_selector_module(mod, arch: str, table: dict) -> bool:
 
 def params_geometry(arch: str, params) -> policy.Geometry | None:
     """Geometry from the ``_UAParams`` AITER's newer wrapper hands its config lookup, or None
-    where the policy does not apply (pre-shuffled KV, fp4 queries, a value head of its own size)
-    or a field is not as expected."""
-    try:
-        if params.shuffled_kv_cache or int(getattr(params, "head_size_v", params.head_size)) != int(params.head_size):
-            return None
-        qd, kd = _dtype(params.q_dtype), _dtype(params.kv_cache_dtype)
-        if qd is None or kd is None:
-            return None
-        return policy.Geometry(
-            arch=arch, head_size=int(params.head_size), num_query_heads=int(params.num_query_heads),
-            num_kv_heads=int(params.num_kv_heads), num_tokens=int(params.num_tokens), num_seqs=int(params.num_seqs),
-            max_seqlen_q=int(params.max_seqlen_q), max_seqlen_k=int(params.max_seqlen_k), q_dtype=qd, kv_dtype=kd,
-            block_size=int(params.block_size))
-    except (AttributeError, TypeError, ValueError):
+    where the policy does not apply (pre-shuffled KV, fp4 queries, a value head of its own size).
+    A field that is not as expected raises (AttributeError, TypeError, ValueError): the patched
+    lookup warns with it and keeps AITER's config."""
+    if params.shuffled_kv_cache or int(getattr(params, "head_size_v", params.head_size)) != int(params.head_size):
         return None
+    qd, kd = _dtype(params.q_dtype), _dtype(params.kv_cache_dtype)
+    if qd is None or kd is None:
+        return None
+    return policy.Geometry(
+        arch=arch, head_size=int(params.head_size), num_query_heads=int(params.num_query_heads),
+        num_kv_heads=int(params.num_kv_heads), num_tokens=int(params.num_tokens), num_seqs=int(params.num_seqs),
+        max_seqlen_q=int(params.max_seqlen_q), max_seqlen_k=int(params.max_seqlen_k), q_dtype=qd, kv_dtype=kd,
+        block_size=int(params.block_size))
 
 
 # What AITER's newer 3D and reduce wrappers pass beside the op's config: an overlay must leave
@@ -222,7 +237,7 @@ def patch_params_lookup(mod, lookup_name: str, arch: str, table: dict) -> bool:
         return False
     orig = getattr(mod, lookup_name)
     sig = inspect.signature(orig)
-    state = _State()
+    state = _State(set())
 
     def decide(geo, params, split, backend):
         """(attn overlay, reduce overlay, BLOCK_M or None) for this batch, kept per thread."""
@@ -290,7 +305,7 @@ def patch_lookup_module(mod, lookup_name: str, arch: str, table: dict) -> bool:
         return patch_params_lookup(mod, lookup_name, arch, table)
     if getattr(mod, "_radiance_attn_wrapped", False):
         return False
-    state = _State()
+    state = _State(set())
 
     def lookup(*a, **k):
         res = orig(*a, **k)
@@ -313,7 +328,9 @@ def patch_lookup_module(mod, lookup_name: str, arch: str, table: dict) -> bool:
                     attn2["BLOCK_M"], attn2["BLOCK_Q"] = bm, max(1, bm // geo.q_per_kv)
                 return (attn2, red2) + tuple(cfgs[2:]) if isinstance(res, tuple) else attn2
             return policy.aiter_prefill_2d(geo, attn, table)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError) as exc:
+            state.warn_once(f"AITER's {lookup_name} took or returned something unexpected "
+                            f"({type(exc).__name__}: {exc})")
             return res
 
     setattr(mod, lookup_name, lookup)
@@ -323,14 +340,19 @@ def patch_lookup_module(mod, lookup_name: str, arch: str, table: dict) -> bool:
 
 def install() -> tuple[bool, str]:
     """Patch every loaded alias of AITER's unified-attention module (idempotent)."""
-    mods = []
+    mods, failed = [], []
     for name in MODULE_NAMES:
         try:
             mods.append(__import__(name, fromlist=["unified_attention"]))
-        except Exception:  # noqa: BLE001 - AITER absent, or this name not provided by its version
-            continue
+        except ModuleNotFoundError as exc:
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+                continue  # AITER absent, or this name not provided by its version
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - AITER present but broken: reported in the detail
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    why_failed = f" ({'; '.join(failed)})" if failed else ""
     if not mods:
-        return False, "AITER unified attention not importable"
+        return False, f"AITER unified attention not importable{why_failed}"
     # AITER executes the file once per import name, giving independent module objects; a caller
     # resolves the selectors in whichever copy it imported. Importing both names above and
     # patching every loaded copy leaves no stock copy for a later import to find.
@@ -355,4 +377,5 @@ def install() -> tuple[bool, str]:
             kinds.add(f"lookup {lookup}")
     if not kinds:
         return False, "AITER unified attention has neither selectors nor a config lookup (layout changed)"
-    return True, f"{arch} table on {len(mods)} module alias(es) ({', '.join(sorted(kinds))}; {patched} newly patched)"
+    return True, (f"{arch} table on {len(mods)} module alias(es) ({', '.join(sorted(kinds))}; {patched} newly "
+                  f"patched){'; not imported' + why_failed if failed else ''}")

@@ -46,6 +46,9 @@ from radiance.attn import tables as _tables
 
 FP8 = "fp8"
 TWO_BYTE = ("bf16", "fp16")
+# A rule's ``max_query_len`` where it names none: the longest query a sequence of a verify batch
+# may have; a longer batch is prefill-shaped and ``triton_launch`` leaves it stock.
+DEFAULT_MAX_QUERY_LEN = 16
 
 
 def next_pow2(x: int) -> int:
@@ -255,6 +258,15 @@ def stock_triton_tile(geo: Geometry, is_3d: bool) -> int:
     return 16 if geo.q_dtype in ("bf16", "fp16", "fp32") else 32
 
 
+def verify_max_query_len(table: Mapping[str, Any] | None, geo: Geometry | None = None) -> int:
+    """The longest query a sequence of a verify batch has under ``table``: the ``max_query_len`` of
+    the rule ``geo``'s class falls in (without ``geo``, the table's default rule). A batch with a
+    longer one is prefill-shaped (``triton_launch`` leaves it stock)."""
+    tri = (table or {}).get("triton") or {}
+    rule = _tables.matching_rule(table, geo) if tri and geo is not None else tri.get("default")
+    return int((rule or {}).get("max_query_len", DEFAULT_MAX_QUERY_LEN))
+
+
 def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> TritonLaunch | None:
     """The launch radiance uses for vLLM's Triton kernel, or None to keep the stock wrapper.
 
@@ -268,7 +280,7 @@ def triton_launch(geo: Geometry, table: Mapping[str, Any] | None = None) -> Trit
     rule = _tables.triton_rule(table, geo)
     if rule is None:
         return None
-    if geo.max_seqlen_q > int(rule.get("max_query_len", 16)):
+    if geo.max_seqlen_q > int(rule.get("max_query_len", DEFAULT_MAX_QUERY_LEN)):
         return None  # prefill-shaped: stock's 2D launch is what it was tuned for
 
     base_bm = stock_block_m(geo.q_per_kv)

@@ -18,7 +18,8 @@ entry) may also carry ``registers`` (a per-thread register cap, 24-255) and, on 
 ``table_ahead`` and ``partial_pass`` (``policy.TritonLaunch`` says what they do).
 
 Sources, first match wins:
-1. ``RADIANCE_ATTN_TABLE=path.json`` -- serves the arch named in that file, nothing else.
+1. ``RADIANCE_ATTN_TABLE=path.json`` -- serves the arch named in that file, nothing else (a
+   lookup for another arch warns once that the file is ignored there).
 2. ``tables/<arch without underscore>.json`` shipped in this package (gfx1201.json from the
    gfx1201 measurements; sm90.json when the tuning harness has been run on an H200).
 3. ``sm_90`` only: a provisional rule (below) until a fitted sm90.json exists.
@@ -29,9 +30,12 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping
+
+logger = logging.getLogger("vllm.radiance.attn")
 
 TABLE_DIR = Path(__file__).parent / "tables"
 KERNELS = ("vllm", "radiance")  # whose split-KV kernel a launch runs (policy.TritonLaunch.kernel)
@@ -129,12 +133,33 @@ def for_arch(arch: str) -> dict | None:
         table = load_file(env)
         if table["arch"] == arch:
             return table
+        warn_other_arch(env, table["arch"], arch)
     path = table_file(arch)
     if path.is_file():
         return load_file(str(path))
     if arch == "sm_90":
         return SM90_PROVISIONAL
     return None
+
+
+def shipped_source(arch: str) -> str:
+    """What serves ``arch`` when no RADIANCE_ATTN_TABLE does, as a clause for reports."""
+    if table_file(arch).is_file():
+        return f"the shipped {table_file(arch).name} serves {arch}"
+    if arch == "sm_90":
+        return "the provisional sm_90 rule serves sm_90"
+    return f"no table serves {arch}: its attention stays stock"
+
+
+def other_arch_note(path: str, table_arch: str, arch: str) -> str:
+    """The report of a RADIANCE_ATTN_TABLE that names another arch than the GPU's."""
+    return f"{ENV_TABLE}={path} is a table for {table_arch}, ignored on {arch}; {shipped_source(arch)}"
+
+
+@functools.lru_cache(maxsize=None)
+def warn_other_arch(path: str, table_arch: str, arch: str) -> None:
+    """Log ``other_arch_note`` once per table and arch (a lookup runs for every new geometry)."""
+    logger.warning("radiance-attn: %s", other_arch_note(path, table_arch, arch))
 
 
 def matches(match: Mapping[str, Any], geo) -> bool:
@@ -152,17 +177,22 @@ def matches(match: Mapping[str, Any], geo) -> bool:
     return True
 
 
-def triton_rule(table: Mapping[str, Any], geo) -> dict | None:
-    """The Triton-launch rule for ``geo``: first matching class, else the default."""
+def matching_rule(table: Mapping[str, Any], geo) -> dict | None:
+    """The Triton rule whose class ``geo`` falls in: first matching class, else the default,
+    whatever the batch's sequence count."""
     tri = table.get("triton")
     if not tri:
         return None
-    rule = None
     for cls in tri.get("classes", []):
         if matches(cls.get("match", {}), geo):
-            rule = cls["rule"]
-            break
-    rule = rule if rule is not None else tri.get("default")
+            return cls["rule"]
+    return tri.get("default")
+
+
+def triton_rule(table: Mapping[str, Any], geo) -> dict | None:
+    """The Triton-launch rule for ``geo``: first matching class, else the default; None when the
+    batch has more sequences than the rule's ``max_seqs``."""
+    rule = matching_rule(table, geo)
     if rule is None or geo.num_seqs > int(rule.get("max_seqs", 1 << 30)):
         return None
     return rule

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Callable
 
 from radiance.attn import policy, split_kv_kernel, tables
+from radiance.attn.warn_once import warn_once
 
 logger = logging.getLogger("vllm.radiance.attn")
 _MAX_CACHED_DECISIONS = 256
@@ -149,6 +150,11 @@ class RadianceUnifiedAttention:
         self._table = table
         self._num_sms = num_sms
         self._logged: set[str] = set()
+        self._warned: set[str] = set()
+        # The verify batch's longest query under the rule serving a geometry (or, for a call read
+        # no geometry from, under the arch's default rule), so the report tells verify from
+        # prefill as the policy does.
+        self._verify_max_q: dict[policy.Geometry | str | None, int] = {}
         # Policy decisions by geometry. Outside a CUDA graph this wrapper runs for every layer of
         # every step and the policy costs ~10 us of Python a call; the layers of one step share a
         # geometry, so all but the first are a dict lookup.
@@ -180,6 +186,12 @@ class RadianceUnifiedAttention:
         for name in ("alibi_slopes", "qq_bias", "mm_prefix_range", "rswa_prefix_lens", "k_scale_cache"):
             if kw.get(name) is not None:
                 return name
+        # vLLM masks chunked local attention (CHUNK_LOOKBACK) for any chunk_lookback > -1 while a
+        # sliding window is set, which the window check below refuses too; radiance's launches
+        # pass no CHUNK_LOOKBACK, so this check does not lean on that coupling.
+        lookback = kw.get("chunk_lookback")
+        if lookback is not None and int(lookback) > -1:
+            return f"chunked attention (chunk_lookback {int(lookback)})"
         if int(kw.get("kv_quant_mode", 0)) not in (0, 1):
             return f"kv_quant_mode {int(kw['kv_quant_mode'])}"
         if kw.get("use_td"):
@@ -254,14 +266,21 @@ class RadianceUnifiedAttention:
     def __call__(self, *args, **kwargs):
         if args:
             if len(args) > len(_POSITIONAL):
+                self._warn_fallback(f"{len(args)} positional arguments, more than the {len(_POSITIONAL)} "
+                                    "radiance reads")
                 return self.stock(*args, **kwargs)
             kwargs = {**dict(zip(_POSITIONAL, args)), **kwargs}
         if not _KNOWN.issuperset(kwargs) or not all(n in kwargs for n in _POSITIONAL):
+            unknown = sorted(set(kwargs) - _KNOWN)
+            missing = [n for n in _POSITIONAL if n not in kwargs]
+            self._warn_fallback(f"unknown keyword arguments {unknown}" if unknown
+                                else f"missing arguments {missing}")
             return self.stock(**kwargs)
         try:
             geo, launch, reason = self.decide(kwargs)
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             geo, launch, reason = None, None, f"stock: unexpected input ({type(exc).__name__}: {exc})"
+            self._warn_fallback(reason[len("stock: "):])
         if launch is not None and launch.kernel == "radiance":
             why = radiance_kernel_refusal(kwargs)
             if why is not None:  # same launch shape on vLLM's kernel, which takes every such call
@@ -290,8 +309,32 @@ class RadianceUnifiedAttention:
             return self.stock(**kwargs)
         return None
 
+    def _warn_fallback(self, why: str) -> None:
+        """A call radiance cannot read goes to the stock wrapper: say so once per distinct reason."""
+        warn_once(self._warned, self._lock, f"a call goes to the stock wrapper: {why}",
+                  "; further reasons are not logged")
+
+    def _batch_kind(self, kw, geo) -> str:
+        """'decode', 'verify' or 'prefill', by the longest query a verify batch has under the rule
+        serving ``geo`` (policy.verify_max_query_len): longer batches the policy leaves stock."""
+        max_q = int(kw["max_seqlen_q"])
+        if max_q <= 1:
+            return "decode"
+        key = geo if geo is not None else self._arch
+        bound = self._verify_max_q.get(key)
+        if bound is None:
+            arch = geo.arch if geo is not None else self._arch
+            table = self._table if self._table is not None else tables.for_arch(arch) if arch else None
+            bound = policy.verify_max_query_len(table, geo)
+            if len(self._verify_max_q) >= _MAX_CACHED_DECISIONS:
+                self._verify_max_q.clear()
+            self._verify_max_q[key] = bound
+        return "verify" if max_q <= bound else "prefill"
+
     def _log_first(self, kw, geo, launch, reason) -> None:
-        kind = "verify" if int(kw["max_seqlen_q"]) > 1 else "decode"
+        if len(self._logged) == 3:  # every kind reported: nothing to classify on the hot path
+            return
+        kind = self._batch_kind(kw, geo)
         if kind in self._logged:
             return
         with self._lock:

@@ -11,13 +11,15 @@ Flags:
   RADIANCE_ATTN_TRITON=0        leave vLLM's Triton backend stock (default 1)
   RADIANCE_ATTN_AITER=0         leave AITER's unified attention stock (default 1)
   RADIANCE_ATTN_TABLE=path      a per-arch table that replaces the shipped one for its arch
-  RADIANCE_ATTN_SCRATCH_MIB=256 cap on the extra split-KV scratch per attention backend builder
+  RADIANCE_ATTN_SCRATCH_MIB=256 cap on the split-KV partial-output tensor (softmax_segm_output)
+                                each Triton metadata builder reallocates (see _enlarge_scratch)
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 from radiance.attn import policy, tables
@@ -39,15 +41,17 @@ def install() -> tuple[bool, str]:
     if not _flag("RADIANCE_ATTN"):
         return False, "disabled by RADIANCE_ATTN=0"
     override = os.environ.get(tables.ENV_TABLE)
+    parts = []
     if override:
         # Read here, not at the first attention call: a table that cannot be used leaves the
         # attention stock with the reason, instead of failing the serve mid-forward.
         try:
-            tables.load_file(override)
+            table_arch = tables.load_file(override)["arch"]
         except (OSError, ValueError) as exc:
             return False, f"{tables.ENV_TABLE}={override} cannot be used ({exc}): attention left stock"
+        parts.append(_override_note(override, table_arch))
     with _lock:
-        parts, applied = [], False
+        applied = False
         for name, flag, fn in (("triton", "RADIANCE_ATTN_TRITON", install_triton),
                                ("aiter", "RADIANCE_ATTN_AITER", _install_aiter)):
             if not _flag(flag):
@@ -63,6 +67,29 @@ def install() -> tuple[bool, str]:
             applied |= ok
             parts.append(f"{name}: {detail}")
         return applied, "; ".join(parts)
+
+
+def _override_note(path: str, table_arch: str) -> str:
+    """The install detail's line on RADIANCE_ATTN_TABLE: which arch it serves, and whether this GPU
+    is another one (then the table is ignored here, with the warning the lookup gives)."""
+    here = _known_arch()
+    if here is None:
+        return f"{tables.ENV_TABLE}={path} serves {table_arch} only"
+    if here != table_arch:
+        tables.warn_other_arch(path, table_arch, here)
+        return tables.other_arch_note(path, table_arch, here)
+    return f"{tables.ENV_TABLE}={path} serves {here}"
+
+
+def _known_arch() -> str | None:
+    """This process's GPU arch where CUDA is already initialized, else None: initializing it from
+    the plugin hook would change how vLLM starts its worker processes."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    from radiance.attn.triton_launch import detect_arch
+
+    return detect_arch()
 
 
 def _install_aiter() -> tuple[bool, str]:
@@ -153,7 +180,8 @@ def _patch_builder(backend) -> str:
     What: after the stock ``__init__``, reallocates the three scratch tensors with more rows
          (same layout and dtype, so the stock path reads them exactly as before), sized for
          ``max_num_seqs`` (at most the table's ``max_seqs``) x (1 + speculative tokens) query
-         tokens x the table's largest split, within RADIANCE_ATTN_SCRATCH_MIB.
+         tokens x the table's largest split, the partial-output tensor within
+         RADIANCE_ATTN_SCRATCH_MIB (rounded up to a whole row; never smaller than stock's).
     Remove when: the backend sizes its scratch for split verify batches itself.
     """
     cls = getattr(backend, "TritonAttentionMetadataBuilder", None)
