@@ -151,15 +151,12 @@ def shipped_source(arch: str) -> str:
     return f"no table serves {arch}: its attention stays stock"
 
 
-def other_arch_note(path: str, table_arch: str, arch: str) -> str:
-    """The report of a RADIANCE_ATTN_TABLE that names another arch than the GPU's."""
-    return f"{ENV_TABLE}={path} is a table for {table_arch}, ignored on {arch}; {shipped_source(arch)}"
-
-
 @functools.lru_cache(maxsize=None)
 def warn_other_arch(path: str, table_arch: str, arch: str) -> None:
-    """Log ``other_arch_note`` once per table and arch (a lookup runs for every new geometry)."""
-    logger.warning("radiance-attn: %s", other_arch_note(path, table_arch, arch))
+    """Say once per table and arch (a lookup runs for every new geometry) that a RADIANCE_ATTN_TABLE
+    naming another arch than the GPU's is ignored, and what serves the GPU instead."""
+    logger.warning("radiance-attn: %s=%s is a table for %s, ignored on %s; %s", ENV_TABLE, path,
+                   table_arch, arch, shipped_source(arch))
 
 
 def matches(match: Mapping[str, Any], geo) -> bool:

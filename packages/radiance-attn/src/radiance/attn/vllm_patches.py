@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 
 from radiance.attn import policy, tables
@@ -49,7 +48,9 @@ def install() -> tuple[bool, str]:
             table_arch = tables.load_file(override)["arch"]
         except (OSError, ValueError) as exc:
             return False, f"{tables.ENV_TABLE}={override} cannot be used ({exc}): attention left stock"
-        parts.append(_override_note(override, table_arch))
+        # Which GPU this is is not known here without initializing CUDA from the plugin hook;
+        # a lookup for another arch warns once that the file is ignored there (tables.for_arch).
+        parts.append(f"{tables.ENV_TABLE}={override} serves {table_arch} only")
     with _lock:
         applied = False
         for name, flag, fn in (("triton", "RADIANCE_ATTN_TRITON", install_triton),
@@ -67,29 +68,6 @@ def install() -> tuple[bool, str]:
             applied |= ok
             parts.append(f"{name}: {detail}")
         return applied, "; ".join(parts)
-
-
-def _override_note(path: str, table_arch: str) -> str:
-    """The install detail's line on RADIANCE_ATTN_TABLE: which arch it serves, and whether this GPU
-    is another one (then the table is ignored here, with the warning the lookup gives)."""
-    here = _known_arch()
-    if here is None:
-        return f"{tables.ENV_TABLE}={path} serves {table_arch} only"
-    if here != table_arch:
-        tables.warn_other_arch(path, table_arch, here)
-        return tables.other_arch_note(path, table_arch, here)
-    return f"{tables.ENV_TABLE}={path} serves {here}"
-
-
-def _known_arch() -> str | None:
-    """This process's GPU arch where CUDA is already initialized, else None: initializing it from
-    the plugin hook would change how vLLM starts its worker processes."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    from radiance.attn.triton_launch import detect_arch
-
-    return detect_arch()
 
 
 def _install_aiter() -> tuple[bool, str]:
