@@ -87,6 +87,18 @@ def test_without_a_peer_set_the_op_reduces_then_runs_the_epilogue(tp2):
     assert len(tp2) == 1
 
 
+@pytest.mark.parametrize("peer_set", [False, True])
+def test_bad_arguments_raise_before_the_all_reduce(tp2, peer_set):
+    if peer_set:
+        fused_all_reduce._set(StandInPeerSet("M=513 outside 1..512"), "on (stand-in)")
+    y, res = _rand(4, 256, seed=1), _rand(4, 256, seed=2)
+    with pytest.raises(ValueError, match="weight"):
+        _op(y, res, _rand(128, scale=0.1, seed=3))
+    with pytest.raises(ValueError, match="residual"):
+        _op(y, res[:, :128].contiguous(), _rand(256, scale=0.1, seed=3))
+    assert tp2 == []
+
+
 def test_first_layer_never_reduces(tp2):
     peers = StandInPeerSet()
     fused_all_reduce._set(peers, "on (stand-in)")
