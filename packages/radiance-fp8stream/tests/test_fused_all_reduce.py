@@ -14,6 +14,7 @@ import torch
 
 from radiance.fp8stream import flags, fused_all_reduce
 from radiance.fp8stream import ops as stream_ops
+from radiance.kernels import ops as kops
 from radiance.kernels import reference
 
 FP8 = torch.float8_e4m3fn
@@ -43,6 +44,8 @@ class StandInPeerSet:
         self.fused_calls = 0
 
     def serve_ar_add_rms_quant(self, y, residual, weight, eps, *, gemma, group, fp8_dtype):
+        # As the real peer set: the arguments are checked before anything else.
+        kops.check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
         if self.why_not is not None:
             return None
         self.fused_calls += 1

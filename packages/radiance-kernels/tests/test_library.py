@@ -215,6 +215,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(library, "device_arch", lambda index=0: ("cuda", ARCH))
     library._reset_for_tests()
+    ops._reset_decisions_for_tests()
     yield lambda csrc: monkeypatch.setattr(library, "CSRC_DIR", csrc)
     library._reset_for_tests()
     ops._reset_decisions_for_tests()
@@ -254,7 +255,6 @@ BAD = "__global__ void broken( { }\n"
 @needs_nvcc
 def test_build_failure_logs_once_marks_unavailable_and_reference_runs(fake_gpu, tmp_path, caplog, monkeypatch):
     fake_gpu(_write(tmp_path / "src", BAD, name="broken.cu"))
-    ops._reset_decisions_for_tests()
     with caplog.at_level(logging.WARNING, logger="vllm.radiance.kernels"):
         assert library.get() is None
         assert library.get() is None

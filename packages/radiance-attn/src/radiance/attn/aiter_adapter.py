@@ -101,7 +101,7 @@ class _State(threading.local):
     def warn_once(self, what: str) -> None:
         """A patched lookup that cannot apply the policy says why, once per distinct reason, and
         keeps AITER's config."""
-        warn_once(self.warned, _warn_lock, f"{what}; AITER's own config kept", " (further reasons are not logged)")
+        warn_once(self.warned, _warn_lock, f"{what}; AITER's own config kept")
 
 
 def patch_selector_module(mod, arch: str, table: dict) -> bool:

@@ -311,8 +311,7 @@ class RadianceUnifiedAttention:
 
     def _warn_fallback(self, why: str) -> None:
         """A call radiance cannot read goes to the stock wrapper: say so once per distinct reason."""
-        warn_once(self._warned, self._lock, f"a call goes to the stock wrapper: {why}",
-                  "; further reasons are not logged")
+        warn_once(self._warned, self._lock, f"a call goes to the stock wrapper: {why}")
 
     def _batch_kind(self, kw, geo) -> str:
         """'decode', 'verify' or 'prefill', by the longest query a verify batch has under the rule

@@ -12,9 +12,9 @@ logger = logging.getLogger("vllm.radiance.attn")
 MAX_REASONS = 32
 
 
-def warn_once(seen: set[str], lock: threading.Lock, message: str, last_note: str) -> None:
+def warn_once(seen: set[str], lock: threading.Lock, message: str) -> None:
     """Log ``message`` as a warning unless ``seen`` (guarded by ``lock``) already holds it or
-    is full; ``last_note`` is appended to the warning that fills it."""
+    is full; the warning that fills it says so."""
     if message in seen or len(seen) >= MAX_REASONS:
         return
     with lock:
@@ -22,4 +22,4 @@ def warn_once(seen: set[str], lock: threading.Lock, message: str, last_note: str
             return
         seen.add(message)
         last = len(seen) == MAX_REASONS
-    logger.warning("radiance-attn: %s%s", message, last_note if last else "")
+    logger.warning("radiance-attn: %s%s", message, " (further reasons are not logged)" if last else "")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from radiance.fp8stream import flags
+from radiance.kernels import ops as kops
 
 logger = logging.getLogger("vllm.radiance.fp8stream")
 
@@ -96,12 +97,16 @@ def setup(fused_sites: int, ubatching: bool = False) -> str:
 
 
 def one_kernel(y, residual, weight, eps, gemma, group, fp8_dtype):
-    """The fused op's outputs when the one-kernel path serves this call, else None.
+    """The fused op's outputs when the one-kernel path serves this call, else None (the caller
+    then all-reduces and runs the epilogue). The arguments are checked first either way, so bad
+    ones raise before any collective.
 
     The branch reads the setup outcome (the same on every rank) and shapes only."""
     comm = _comm
     if comm is None:
+        kops.check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
         return None
+    # The peer set checks the arguments before anything else.
     return comm.serve_ar_add_rms_quant(y, residual, weight, eps, gemma=gemma, group=group,
                                        fp8_dtype=fp8_dtype)
 

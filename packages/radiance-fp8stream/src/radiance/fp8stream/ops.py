@@ -58,9 +58,8 @@ def ar_add_rms_quant(
     fp8_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if residual is not None and tp_world_size() > 1:
-        # Checked before the all-reduce: bad arguments raise on every rank alike (they are the
-        # same shapes everywhere) instead of after a collective has already run.
-        kops.check_add_rms_quant_args(y, residual, weight, eps, group, fp8_dtype)
+        # one_kernel checks the arguments either way, so bad ones raise on every rank alike
+        # (they are the same shapes everywhere) before the all-reduce below.
         fused = fused_all_reduce.one_kernel(y, residual, weight, eps, gemma, group, fp8_dtype)
         if fused is not None:
             return fused
