@@ -30,7 +30,9 @@ query rows rounded up to eights), for a change to its narrow blocks. ``--ring 1,
 the same process and alternated with each warpgroup point's launch, that launch at other ring
 depths (and segment counts times a factor), labelled ``{label}-{variant}`` under the same launch
 name, so ``compare --base new --new new-1`` sets one depth against the other. ``reduce-cost``
-times what the reduce kernel adds to the shipped launches (each whole, and without its reduce).
+times what the reduce kernel adds to the shipped launches (each whole, and without its reduce);
+run from two source trees with ``--label``, its whole times set a change to the reduce against
+the reduce before it.
 """
 
 from __future__ import annotations
@@ -147,11 +149,12 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
     return 0
 
 
-def reduce_cost(out: Path, kernel_src: str, reps: int = 3) -> int:
-    """What the reduce kernel adds to the shipped launch: at 32K and 128K x 1 and 8 sequences x
-    widths 1, 4, 9 of every class, the sm_90 table's launch timed whole and with its reduce
+def reduce_cost(out: Path, kernel_src: str, reps: int = 3, seqs_of: tuple[int, ...] = (1, 8),
+                label: str | None = None) -> int:
+    """What the reduce kernel adds to the shipped launch: at 32K and 128K x ``seqs_of`` sequences
+    x widths 1, 4, 9 of every class, the sm_90 table's launch timed whole and with its reduce
     kernel left out (the partial pass alone), alternated ``reps`` times, the faster of each kept;
-    one JSON line a point."""
+    one JSON line a point (with ``label``, to set two source trees' runs against each other)."""
     import torch
 
     module, dev, arch, sms = tune.probe_device(kernel_src)
@@ -162,7 +165,7 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3) -> int:
         def __getitem__(self, grid):
             return lambda *a, **k: None
 
-    points = [(ctx, seqs, w) for ctx, seqs in DECODE_POINTS for w in (1, 4, 9)]
+    points = [(ctx, seqs, w) for ctx, seqs in DECODE_POINTS if seqs in seqs_of for w in (1, 4, 9)]
     with out.open("a") as f:
         for k in tune.CLASSES:
             torch.cuda.empty_cache()
@@ -184,7 +187,8 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3) -> int:
                         times["partial_us"].append(tune.time_graph(fns))
                 finally:
                     split_kv_kernel._kernels = kernels
-                row = {"class": k.name, "ctx": ctx, "seqs": seqs, "width": w, "launch": c.describe(),
+                row = {**({"label": label} if label else {}),
+                       "class": k.name, "ctx": ctx, "seqs": seqs, "width": w, "launch": c.describe(),
                        **{what: min(ts) for what, ts in times.items()}, "floor_us": b.floor_us(ctx, seqs),
                        "gpu": torch.cuda.get_device_name(dev)}
                 f.write(json.dumps(row) + "\n")
@@ -272,6 +276,9 @@ def main(argv=None) -> int:
     r = sub.add_parser("reduce-cost")
     r.add_argument("--out", required=True, type=Path)
     r.add_argument("--kernel-src", required=True)
+    r.add_argument("--seqs", type=lambda v: tuple(int(n) for n in v.split(",")), default=(1, 8),
+                   help="sequence counts to time (default 1,8)")
+    r.add_argument("--label", help="recorded on every line")
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -282,7 +289,7 @@ def main(argv=None) -> int:
         return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES),
                            args.decode, args.ring)
     if args.cmd == "reduce-cost":
-        return reduce_cost(args.out, args.kernel_src)
+        return reduce_cost(args.out, args.kernel_src, seqs_of=args.seqs, label=args.label)
     return compare(args.jsonl, args.base, args.new, args.md)
 
 

@@ -24,8 +24,9 @@ tokens x the heads sharing a KV head), KV tile, warps, stages. The grid is (sequ
 KV head, segment): q-blocks are counted per sequence from ``max_seqlen_q``, so no program searches
 for its sequence. Segment ``s`` of a sequence with ``T`` KV tiles covers tiles
 ``[s * ceil(T / S), (s + 1) * ceil(T / S))``; each program stores its rows' running max (base 2),
-exp-sum and unnormalized output, and the reduce kernel rescales and sums the segments each row
-can see. Partials use the caller's scratch in vLLM's layout ``[tokens, q_heads, S, head_padded]``.
+exp-sum and unnormalized output (a program with no tiles for its rows stores max -inf and sum
+0), and the reduce kernel rescales and sums each token's segments. Partials use the caller's
+scratch in vLLM's layout ``[tokens, q_heads, S, head_padded]``.
 
 Two launch options aim at the fp8 tile loop, which on the H200 is bound by latency, not by
 instructions or bytes (Nsight Compute at 128K x 8 sequences: DRAM 59% busy, SM throughput 35%, 4
@@ -121,13 +122,16 @@ if triton is not None:
         # The block's last row sees keys up to context + its position: tiles past it are skipped.
         block_keys = context + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
         hi = tl.minimum(tl.minimum(lo + per_seg, num_tiles), tl.cdiv(block_keys, TILE))
-        if lo >= hi:
-            return
-
         rows = tl.arange(0, BLOCK_M)
         pos = q_block * BLOCK_Q + rows // GROUP
         head = kv_head * GROUP + rows % GROUP
         row_ok = (pos < q_len) & (rows < BLOCK_Q * GROUP)
+        unit = ((q_start + pos) * num_q_heads + head) * num_segments + seg
+        if lo >= hi:  # no tiles here: the rows' partials say so (max -inf, sum 0) for the reduce
+            tl.store(part_max_ptr + unit, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
+            tl.store(part_sum_ptr + unit, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
+            return
+
         key_end = context + pos + 1  # causal: row sees keys [0, key_end)
         d = tl.arange(0, HEAD_P)
         d_ok = d < HEAD
@@ -178,44 +182,41 @@ if triton is not None:
             m = m_new
         if FP8_KV:
             acc = acc * tl.load(v_scale_ptr)
-        unit = ((q_start + pos) * num_q_heads + head) * num_segments + seg
         tl.store(part_out_ptr + unit[:, None] * HEAD_P + d[None, :], acc, mask=row_ok[:, None])
         tl.store(part_max_ptr + unit, m, mask=row_ok)
         tl.store(part_sum_ptr + unit, l, mask=row_ok)
 
     @triton.jit
     def _reduce(
-        out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, cu_q_ptr,
-        out_stride_t, out_stride_h, num_q_heads, tile, max_q,
+        out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, cu_q_ptr, num_seqs,
+        out_stride_t, out_stride_h, num_q_heads,
         HEAD: tl.constexpr, HEAD_P: tl.constexpr, NUM_SEGMENTS: tl.constexpr, D_CHUNK: tl.constexpr,
     ):
-        # One program a (token, head, D_CHUNK columns): every segment's slice is requested at once,
-        # so a row's reduce costs one memory round trip however many segments it has. Fused into
-        # the warpgroup pass (a group's last blocks combining its segments) it measured level with
-        # this kernel (split_kv_kernel.md, section 18): the round trips stay, only the launch goes.
-        seq = tl.program_id(0) // max_q
-        j = tl.program_id(0) - seq * max_q
+        # One program a (token, head, D_CHUNK columns). Every partial pass stores every segment of
+        # a real token's rows, "no keys" ones as max -inf and sum 0 (their outputs unstored), so
+        # nothing here waits on the sequence's lengths: the token count, every segment's max, sum
+        # and slice are requested at once, one memory round trip however many segments there are,
+        # and no load follows a reduction. Fused into the warpgroup pass (a group's last blocks
+        # combining its segments) the reduce measured level with this kernel (split_kv_kernel.md,
+        # section 18): the round trips stay, only the launch goes.
+        token = tl.program_id(0)
         head = tl.program_id(1)
-        q_start = tl.load(cu_q_ptr + seq)
-        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-        if j >= q_len:
-            return
-        seq_len = tl.load(seq_lens_ptr + seq)
-        per_seg = tl.cdiv(tl.cdiv(seq_len, tile), NUM_SEGMENTS)
-        # Segments holding at least one key this row sees; each was stored by its q-block.
-        active = tl.cdiv(tl.cdiv(seq_len - q_len + j + 1, tile), per_seg)
-        unit0 = ((q_start + j) * num_q_heads + head) * NUM_SEGMENTS
+        real_tokens = tl.load(cu_q_ptr + num_seqs)  # tokens past these pad the batch: nothing stored
+        unit0 = (token * num_q_heads + head) * NUM_SEGMENTS
         segs = tl.arange(0, NUM_SEGMENTS)
-        ok = segs < active
-        maxes = tl.load(part_max_ptr + unit0 + segs, mask=ok, other=float("-inf"))
+        d = tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
+        maxes = tl.load(part_max_ptr + unit0 + segs)
+        sums = tl.load(part_sum_ptr + unit0 + segs)
+        part = tl.load(part_out_ptr + (unit0 + segs)[:, None] * HEAD_P + d[None, :])
+        # A segment holds keys this row sees unless its max is -inf; a NaN max (NaN inputs) counts,
+        # so NaN reaches the output as in the reference. The others' outputs were never stored.
+        ok = maxes != float("-inf")
         top = tl.max(maxes, axis=0)
         weights = tl.where(ok, tl.math.exp2(maxes - top), 0.0)
-        total = tl.sum(weights * tl.load(part_sum_ptr + unit0 + segs, mask=ok, other=0.0), axis=0)
-        d = tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
-        part = tl.load(part_out_ptr + (unit0 + segs)[:, None] * HEAD_P + d[None, :], mask=ok[:, None], other=0.0)
-        out = tl.sum(part * weights[:, None], axis=0) / total
-        tl.store(out_ptr + (q_start + j) * out_stride_t + head * out_stride_h + d,
-                 out.to(out_ptr.dtype.element_ty), mask=d < HEAD)
+        total = tl.sum(weights * tl.where(ok, sums, 0.0), axis=0)
+        out = tl.sum(tl.where(ok[:, None], part, 0.0) * weights[:, None], axis=0) / total
+        tl.store(out_ptr + token * out_stride_t + head * out_stride_h + d,
+                 out.to(out_ptr.dtype.element_ty), mask=d < tl.where(token < real_tokens, HEAD, 0))
 
 
 @functools.lru_cache(maxsize=None)
@@ -378,9 +379,8 @@ def launch(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, max_se
                                           softmax_scale, k_scale, v_scale, launch_cfg, part_out,
                                           part_max, part_sum, v_in_registers, q_blocks, fp8, head_p)
     d_chunk = max(16, min(head_p, 4096 // seg))  # <= 32 fp32 partials a thread at 4 warps
-    reduce[(num_seqs * int(max_seqlen_q), num_q_heads, head_p // d_chunk)](
-        out, part_out, part_max, part_sum, seq_lens, cu_seqlens_q,
-        out.stride(0), out.stride(1), num_q_heads, launch_cfg.tile_size, int(max_seqlen_q),
+    reduce[(num_tokens, num_q_heads, head_p // d_chunk)](
+        out, part_out, part_max, part_sum, cu_seqlens_q, num_seqs, out.stride(0), out.stride(1), num_q_heads,
         HEAD=head, HEAD_P=head_p, NUM_SEGMENTS=seg, D_CHUNK=d_chunk, num_warps=4,
     )
     return compiled

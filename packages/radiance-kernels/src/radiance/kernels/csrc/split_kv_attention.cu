@@ -109,7 +109,10 @@ __global__ void __launch_bounds__(max_threads(HEAD, MT))
   const int mt = warp % MT, ks = warp / MT;
   rad_wait_prior_grids();  // everything below reads what earlier kernels wrote
   const SplitKvBlock blk(p, tile);
-  if (blk.lo >= blk.hi) return;
+  if (blk.lo >= blk.hi) {
+    blk.store_no_keys(p);
+    return;
+  }
   const int q_block = blk.q_block, kv_head = blk.kv_head, seg = blk.seg;
   const int q_start = blk.q_start, q_len = blk.q_len, context = blk.context, lo = blk.lo, hi = blk.hi;
 

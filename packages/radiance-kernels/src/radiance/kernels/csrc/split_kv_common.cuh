@@ -190,7 +190,8 @@ RAD_DEVICE float query_chunk(const uint8_t* src, uint16_t (&out)[16], float scal
 
 // What a block covers: its (sequence, query block, KV head, segment) from the grid, the
 // sequence's query rows and context, and tiles [lo, hi) of `tile` keys: segment `seg` of the
-// sequence's tiles, cut where the block's last row stops seeing keys (lo >= hi: nothing to do).
+// sequence's tiles, cut where the block's last row stops seeing keys (lo >= hi: no tiles; the
+// block stores its rows' partials as empty, store_no_keys).
 // Reads what earlier kernels wrote: call after rad_wait_prior_grids.
 struct SplitKvBlock {
   int seq, q_block, kv_head, seg, q_start, q_len, seq_len, context, lo, hi;
@@ -212,6 +213,17 @@ struct SplitKvBlock {
     lo = seg * per_seg;
     const int block_keys = context + min((q_block + 1) * p.block_q, q_len);
     hi = min(min(lo + per_seg, num_tiles), (block_keys + tile - 1) / tile);
+  }
+  // A block with no tiles (lo >= hi) still stores its rows' partials as "no keys here" (max -inf,
+  // sum 0; the output is not stored, the reduce does not read it then): the reduce combines every
+  // segment a token has without reading the sequence's lengths first, one memory round trip.
+  RAD_DEVICE void store_no_keys(const SplitKvArgs& p) const {
+    for (int r = (int)threadIdx.x; r < rows; r += (int)blockDim.x) {
+      const int64_t token = q_start + q_block * p.block_q + r / p.group, head = kv_head * p.group + r % p.group;
+      const int64_t unit = (token * p.num_q_heads + head) * p.num_segments + seg;
+      p.part_max[unit] = -INFINITY;
+      p.part_sum[unit] = 0.f;
+    }
   }
   // Elements 16i.. of query row r (nullptr for a padding row), for query_chunk.
   RAD_DEVICE const uint8_t* query(const SplitKvArgs& p, int r, int i) const {
