@@ -12,7 +12,10 @@ explains the numerics; this module checks arguments and launches.
 MMA's N (8 x ``n_tiles`` rows, ``WARPGROUP_COLUMNS``), one warpgroup a block, 64-key tiles.
 
 Segment ``s`` of a sequence with ``T`` tiles of ``keys_per_warp * key_warps`` keys covers tiles
-``[s * ceil(T / S), (s + 1) * ceil(T / S))``, the partition the reduce assumes for the same tile.
+``[s * ceil(T / S), (s + 1) * ceil(T / S))``. Every segment of every real token's rows is stored:
+a block with no keys for its rows (a segment past the sequence, or past its query block's last
+key) stores max -inf and sum 0 and no output, so the reduce reads all segments without knowing
+the sequence's length.
 """
 
 from __future__ import annotations
