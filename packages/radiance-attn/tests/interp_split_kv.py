@@ -1,8 +1,9 @@
 """Run under TRITON_INTERPRET=1 (by test_split_kv_kernel.py): radiance's split-KV kernel vs the
 reference on CPU tensors (fp16 queries: the interpreter's bf16 stores are not faithful). One JSON
-line per case."""
+line per case; with the argument ``reduce``, the reduce kernel's contract instead (one line)."""
 
 import json
+import sys
 
 import torch
 
@@ -56,7 +57,36 @@ def run_case(name, H, KVH, D, seqs, width, ctxs, kv, seg, bm, tile, qmag, table_
                  "row_ulps_fp16": (err.amax(-1) / (2.0**-10 * row_max)).max().item(), "ref_max": ref.abs().max().item()}
 
 
+def reduce_contract():
+    """The reduce alone on partials written here: a segment with max -inf is left out whatever its
+    output slot holds (a partial pass stores none there), a NaN max reaches its row's output, and
+    a token past the batch's (padding) is not written. Against float64 on the other rows."""
+    _, reduce = split_kv_kernel._kernels()
+    torch.manual_seed(5)
+    T, H, S, D = 3, 2, 4, 16  # tokens 0-1 are the one sequence's, token 2 pads the batch
+    maxes, sums, part = torch.randn(T, H, S) * 3, torch.rand(T, H, S) + 0.5, torch.randn(T, H, S, D)
+    maxes[0, 0, 2:], sums[0, 0, 2:], part[0, 0, 2:] = float("-inf"), 0.0, float("nan")
+    maxes[1, 1, 1] = float("nan")
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    out = torch.full((T, H, D), float("nan"), dtype=torch.float16)
+    reduce[(T, H, 1)](out, part.flatten(), maxes.flatten(), sums.flatten(), cu, 1, out.stride(0), out.stride(1), H,
+                      HEAD=D, HEAD_P=D, NUM_SEGMENTS=S, D_CHUNK=D)
+    m, l, o = maxes.double(), sums.double(), part.double()
+    ok = m != float("-inf")
+    w = torch.where(ok, torch.exp2(m - m.amax(-1, keepdim=True)), 0.0)
+    ref = (torch.where(ok[..., None], o, 0.0) * w[..., None]).sum(-2) / (w * l).sum(-1, keepdim=True)
+    clean = [(0, 0), (0, 1), (1, 0)]
+    err = max(((out[t, h].double() - ref[t, h]).abs().max() / (2.0**-10 * ref[t, h].abs().max())).item()
+              for t, h in clean)
+    return {"name": "reduce_contract", "finite": all(bool(torch.isfinite(out[t, h]).all()) for t, h in clean),
+            "nan_max_row_nan": bool(out[1, 1].isnan().all()), "padding_untouched": bool(out[2].isnan().all()),
+            "row_ulps_fp16": err}
+
+
 def main():
+    if sys.argv[1:] == ["reduce"]:
+        print(json.dumps(reduce_contract()), flush=True)
+        return
     for case in CASES:
         out, rec = run_case(*case)
         # The block table loaded one tile ahead changes where loads are issued, not what is

@@ -13,20 +13,33 @@ import torch
 from radiance.attn import policy, split_kv_kernel
 
 
-def test_kernel_matches_float64_reference_in_interpreter():
+def _interpreted(*args) -> dict:
+    """interp_split_kv.py's JSON lines by name, run under Triton's interpreter."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     script = Path(__file__).with_name("interp_split_kv.py")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    cases = {c["name"]: c for c in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
-    assert len(cases) == 7, proc.stdout
+    return {c["name"]: c for c in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+
+
+def test_kernel_matches_float64_reference_in_interpreter():
+    cases = _interpreted()
+    assert len(cases) == 7, cases
     for c in cases.values():
         # fp16 output: rounding alone is half an ulp; the fp32 sums and fp16 probabilities add less
         # than another, so every row is within 1 ulp of its own largest value. The query rows past
         # the batch's tokens (padding) keep what they held.
         assert c["finite"] and c["row_ulps_fp16"] <= 1.0 and c["table_ahead_identical"], c
         assert c["padding_untouched"], c
+
+
+def test_reduce_leaves_out_empty_segments_and_padding_in_interpreter():
+    # Partials written by the test: "no keys" segments (max -inf, output slot NaN) are left out, a
+    # NaN max reaches its row, the padding token is not written; the rest within 1 fp16 ulp of float64.
+    c = _interpreted("reduce")["reduce_contract"]
+    assert c["finite"] and c["row_ulps_fp16"] <= 1.0, c
+    assert c["nan_max_row_nan"] and c["padding_untouched"], c
 
 
 def _tensors(kv=torch.float8_e4m3fn, k_scale=None):
