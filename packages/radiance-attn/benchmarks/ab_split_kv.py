@@ -150,11 +150,12 @@ def time_points(label: str, out: Path, kernel_src: str, reps: int, forms=tuple(P
 
 
 def reduce_cost(out: Path, kernel_src: str, reps: int = 3, seqs_of: tuple[int, ...] = (1, 8),
-                label: str | None = None) -> int:
+                label: str | None = None, pad: int = 0) -> int:
     """What the reduce kernel adds to the shipped launch: at 32K and 128K x ``seqs_of`` sequences
     x widths 1, 4, 9 of every class, the sm_90 table's launch timed whole and with its reduce
     kernel left out (the partial pass alone), alternated ``reps`` times, the faster of each kept;
-    one JSON line a point (with ``label``, to set two source trees' runs against each other)."""
+    one JSON line a point (with ``label``, to set two source trees' runs against each other).
+    ``pad``: that many empty requests appended to each batch, as a CUDA-graph-padded batch has."""
     import torch
 
     module, dev, arch, sms = tune.probe_device(kernel_src)
@@ -169,9 +170,10 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3, seqs_of: tuple[int, .
     with out.open("a") as f:
         for k in tune.CLASSES:
             torch.cuda.empty_cache()
-            b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev)
+            b = tune.Bench(module, k, max(c * s for c, s, _ in points), dev,
+                           max_query_tokens=9 * (max(s for _, s, _ in points) + pad))
             for ctx, seqs, w in points:
-                sets = b.point(ctx, seqs, w)
+                sets = b.point(ctx, seqs, w, pad_seqs=pad)
                 rs = [b.radiance_kwargs(kw) for kw in sets]
                 shipped(**rs[0])  # one call: the launch the wrapper decides on (it is timed below)
                 c = shipped.last_decision[1]
@@ -188,7 +190,7 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3, seqs_of: tuple[int, .
                 finally:
                     split_kv_kernel._kernels = kernels
                 row = {**({"label": label} if label else {}),
-                       "class": k.name, "ctx": ctx, "seqs": seqs, "width": w, "launch": c.describe(),
+                       "class": k.name, "ctx": ctx, "seqs": seqs, "pad_seqs": pad, "width": w, "launch": c.describe(),
                        **{what: min(ts) for what, ts in times.items()}, "floor_us": b.floor_us(ctx, seqs),
                        "gpu": torch.cuda.get_device_name(dev)}
                 f.write(json.dumps(row) + "\n")
@@ -279,6 +281,7 @@ def main(argv=None) -> int:
     r.add_argument("--seqs", type=lambda v: tuple(int(n) for n in v.split(",")), default=(1, 8),
                    help="sequence counts to time (default 1,8)")
     r.add_argument("--label", help="recorded on every line")
+    r.add_argument("--pad", type=int, default=0, help="empty requests appended to each batch (CUDA-graph padding)")
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -289,7 +292,7 @@ def main(argv=None) -> int:
         return time_points(args.label, args.out, args.kernel_src, args.reps, tuple(args.form or PROBES),
                            args.decode, args.ring)
     if args.cmd == "reduce-cost":
-        return reduce_cost(args.out, args.kernel_src, seqs_of=args.seqs, label=args.label)
+        return reduce_cost(args.out, args.kernel_src, seqs_of=args.seqs, label=args.label, pad=args.pad)
     return compare(args.jsonl, args.base, args.new, args.md)
 
 

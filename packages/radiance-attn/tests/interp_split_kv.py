@@ -21,7 +21,9 @@ CASES = (
 )
 
 
-PAD = 3  # query rows past the batch's tokens, as a CUDA-graph-padded batch has: left unwritten
+# A batch padded the way vLLM pads one to a captured CUDA-graph size: PAD empty requests (no keys,
+# the query offsets repeating the last) and PAD query rows past the real ones, left unwritten.
+PAD = 3
 
 
 def run_case(name, H, KVH, D, seqs, width, ctxs, kv, seg, bm, tile, qmag, table_ahead=False):
@@ -33,13 +35,14 @@ def run_case(name, H, KVH, D, seqs, width, ctxs, kv, seg, bm, tile, qmag, table_
     if kv == "fp8":
         k, v = (kf * 40).to(torch.float8_e4m3fn), (vf * 40).to(torch.float8_e4m3fn)
         ks, vs = 0.011, 0.023
-        k_scale, v_scale = torch.tensor([ks]).expand(seqs, KVH), torch.tensor([vs]).expand(seqs, KVH)
+        k_scale, v_scale = torch.tensor([ks]).expand(seqs + PAD, KVH), torch.tensor([vs]).expand(seqs + PAD, KVH)
         sm_scale = D**-0.5 if qmag <= 1 else D**-0.5 / qmag  # keep the softmax informative at any q size
     else:
         k, v, ks, vs, k_scale, v_scale, sm_scale = kf.half(), vf.half(), 1.0, 1.0, None, None, D**-0.5
-    lens = torch.tensor(ctxs, dtype=torch.int32)
-    cu = torch.arange(0, T + 1, width, dtype=torch.int32)
+    lens = torch.tensor(ctxs + [0] * PAD, dtype=torch.int32)
+    cu = torch.tensor(list(range(0, T + 1, width)) + [T] * PAD, dtype=torch.int32)
     bt = torch.randperm(nblk).to(torch.int32)[: seqs * 16].view(seqs, 16)
+    bt = torch.cat([bt, bt[:1].expand(PAD, 16)])  # the padding requests' rows: never read
     launch = policy.TritonLaunch(seg, bm, bm // (H // KVH), tile, 4, 2, "test", kernel="radiance",
                                  table_ahead=table_ahead)
     units = (T + PAD) * H * seg
@@ -49,7 +52,8 @@ def run_case(name, H, KVH, D, seqs, width, ctxs, kv, seg, bm, tile, qmag, table_
     assert split_kv_kernel.launch_refusal(launch, "fp16", kv, H // KVH) is None
     assert split_kv_kernel.call_refusal(q, k, v, out, k_scale, v_scale) is None
     split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, sm_scale, k_scale, v_scale, launch, *part)
-    ref = reference.unified_attention(q[:T], k, v, cu, lens, bt, sm_scale, ks, vs, dtype=torch.float64)
+    ref = reference.unified_attention(q[:T], k, v, cu[: seqs + 1], lens[:seqs], bt[:seqs], sm_scale, ks, vs,
+                                      dtype=torch.float64)
     err = (out[:T].double() - ref).abs()
     row_max = ref.abs().amax(-1).clamp_min(1e-30)
     return out, {"name": name, "finite": bool(torch.isfinite(out[:T]).all()),

@@ -197,7 +197,7 @@ class Bench:
     """Inputs for one class, allocated once; per point views, block tables and rotations."""
 
     def __init__(self, module, k: Klass, max_tokens: int, device, rotate_bytes=L2_ROTATE_BYTES,
-                 max_segments: int = max(RADIANCE_SEGMENTS)):
+                 max_segments: int = max(RADIANCE_SEGMENTS), max_query_tokens: int = 9 * 8):
         torch = _torch()
         self.m, self.k, self.device = module, k, device
         self.dtype = _kv_torch_dtype(k.kv_dtype)
@@ -212,28 +212,36 @@ class Bench:
         self.perm = torch.randperm(self.num_blocks, device=device, generator=gen).to(torch.int32)
         self.rotate_bytes = rotate_bytes
         # Segment scratch sized for the largest split launch of the sweep.
-        units = 9 * 8 * k.num_query_heads * max_segments
+        units = max_query_tokens * k.num_query_heads * max_segments
         self.segm_out = torch.empty(units * policy.next_pow2(k.head_size), device=device, dtype=torch.float32)
         self.segm_max = torch.empty(units, device=device, dtype=torch.float32)
         self.segm_sum = torch.empty(units, device=device, dtype=torch.float32)
 
-    def point(self, ctx: int, seqs: int, width: int):
-        """Keyword-argument sets (one per rotation) for the wrappers, all with the same shape."""
+    def point(self, ctx: int, seqs: int, width: int, pad_seqs: int = 0):
+        """Keyword-argument sets (one per rotation) for the wrappers, all with the same shape.
+
+        ``pad_seqs``: requests appended the way vLLM pads a batch to a captured CUDA-graph size
+        (no keys, no query tokens: the query offsets repeat the last, while the query and output
+        keep ``width`` rows for each, which no kernel should write)."""
         torch = _torch()
         k = self.k
         tokens = seqs * width
         batch_tokens = seqs * ctx
         rot = max(1, min(8, self.num_blocks * BLOCK // batch_tokens, math.ceil(self.rotate_bytes / (batch_tokens * self.token_bytes))))
         gen = torch.Generator(device=self.device).manual_seed(ctx * 131 + seqs * 17 + width)
-        q = torch.randn(tokens, k.num_query_heads, k.head_size, generator=gen, device=self.device, dtype=torch.bfloat16)
+        q = torch.randn(tokens + pad_seqs * width, k.num_query_heads, k.head_size, generator=gen, device=self.device,
+                        dtype=torch.bfloat16)
         cu = torch.arange(0, tokens + 1, width, device=self.device, dtype=torch.int32)
-        lens = torch.full((seqs,), ctx, device=self.device, dtype=torch.int32)
+        cu = torch.cat([cu, cu[-1:].expand(pad_seqs)])
+        lens = torch.cat([torch.full((seqs,), ctx, device=self.device, dtype=torch.int32),
+                          torch.zeros(pad_seqs, device=self.device, dtype=torch.int32)])
         nb = ctx // BLOCK
         # vLLM's backend passes the layer's tensor scale expanded to [seqs, kv_heads]
-        one = torch.ones(1, device=self.device, dtype=torch.float32).expand(seqs, k.num_kv_heads)
+        one = torch.ones(1, device=self.device, dtype=torch.float32).expand(seqs + pad_seqs, k.num_kv_heads)
         sets = []
         for r in range(rot):
             bt = self.perm[r * seqs * nb : (r + 1) * seqs * nb].view(seqs, nb)
+            bt = torch.cat([bt, bt[:1].expand(pad_seqs, nb)])
             sets.append(
                 dict(q=q, k=self.kc, v=self.vc, out=torch.empty_like(q), cu_seqlens_q=cu, max_seqlen_q=width,
                      seqused_k=lens, max_seqlen_k=ctx, softmax_scale=k.head_size**-0.5, causal=True,
