@@ -1,4 +1,4 @@
-"""Two builds of radiance-kernels' split-KV partial passes timed against each other in one run.
+"""Two builds of the split-KV kernels set against each other: timed in one run, or compared bit for bit.
 
 A change to the CUDA partial passes is judged against the build before it on the same machine in
 the same run. ``time`` measures whichever ``radiance.kernels`` is importable (this checkout, or
@@ -33,6 +33,13 @@ name, so ``compare --base new --new new-1`` sets one depth against the other. ``
 times what the reduce kernel adds to the shipped launches (each whole, and without its reduce);
 run from two source trees with ``--label``, its whole times set a change to the reduce against
 the reduce before it.
+
+Whether a change keeps the outputs bit for bit: ``outputs FILE`` from each source tree, then
+``same-bits BASE NEW``. Its cases: bf16 and fp8 KV, head 256 (16 query heads, 2 KV heads) and
+head 128 (32, 8), widths 1, 4 and 9, over three sequences of 5,000, 37 and 2,051 keys (so some
+segments hold no keys); each partial pass (Triton at 16 and 64 segments, the mma.sync pass at 16,
+the warpgroup pass at 16 and 64), scratch and outputs poisoned with NaN first. A launch shape a
+pass does not have is recorded as its refusal on both sides.
 """
 
 from __future__ import annotations
@@ -200,6 +207,86 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3, seqs_of: tuple[int, .
     return 0
 
 
+OUTPUT_PASSES = (("triton", 16), ("triton", 64), ("cuda", 16), ("cuda_warpgroup", 16), ("cuda_warpgroup", 64))
+
+
+def _outputs_launch(partial_pass: str, segments: int, width: int, group: int) -> policy.TritonLaunch:
+    """A launch of ``partial_pass`` at ``segments`` that covers ``width`` tokens of ``group`` heads."""
+    rows = width * group
+    if partial_pass == "cuda_warpgroup":  # the MMA's N: 8 x n_tiles columns
+        n_tiles = next(n for n in (2, 4, 5, 6, 9) if 8 * n >= rows)
+        return policy.TritonLaunch(segments, 8 * n_tiles, width, 64, 4, 2, "t", kernel="radiance")
+    if partial_pass == "cuda":  # row tiles of 16, two key warps of 16 keys
+        return policy.TritonLaunch(segments, 16 * -(-rows // 16), width, 32, 2, 2, "t", kernel="radiance")
+    return policy.TritonLaunch(segments, max(16, 1 << (rows - 1).bit_length()), width, 32, 4, 2, "t", kernel="radiance")
+
+
+def save_outputs(path: Path) -> int:
+    """Fixed-seed cases through ``split_kv_kernel.launch``, saved for ``same-bits`` (module docstring)."""
+    import torch
+
+    dev = torch.device("cuda")
+    outputs = {}
+    for kv in ("bf16", "fp8"):
+        for head, q_heads, kv_heads in ((256, 16, 2), (128, 32, 8)):
+            for width in (1, 4, 9):
+                gen = torch.Generator(device=dev).manual_seed(1000 * width + head)
+                seqs, block_size, blocks = 3, 16, 1200
+                lens = torch.tensor([5000, 37, 2051], dtype=torch.int32, device=dev)
+                k = torch.randn((blocks, block_size, kv_heads, head), generator=gen, device=dev)
+                v = torch.randn((blocks, block_size, kv_heads, head), generator=gen, device=dev)
+                if kv == "fp8":
+                    k, v = (k * 40).to(torch.float8_e4m3fn), (v * 40).to(torch.float8_e4m3fn)
+                    k_scale = torch.tensor([0.013], device=dev).expand(seqs, kv_heads)
+                    v_scale = torch.tensor([0.007], device=dev).expand(seqs, kv_heads)
+                else:
+                    k, v, k_scale, v_scale = k.bfloat16(), v.bfloat16(), None, None
+                tokens = seqs * width
+                q = torch.randn(tokens, q_heads, head, generator=gen, device=dev).bfloat16()
+                cu = torch.arange(0, tokens + 1, width, dtype=torch.int32, device=dev)
+                table = torch.randperm(blocks, generator=gen, device=dev).to(torch.int32)[: seqs * 320].view(seqs, 320)
+                for partial_pass, segments in OUTPUT_PASSES:
+                    launch = _outputs_launch(partial_pass, segments, width, q_heads // kv_heads)
+                    units = tokens * q_heads * segments
+                    part = [torch.full((n,), float("nan"), device=dev) for n in (units * head, units, units)]
+                    out = torch.full_like(q, float("nan"))
+                    key = f"{kv} head {head} width {width} {partial_pass} {segments} segments"
+                    try:
+                        split_kv_kernel.launch(q, k, v, out, cu, lens, table, width, head**-0.5, k_scale, v_scale,
+                                               launch, *part, partial_pass=partial_pass)
+                        outputs[key] = out.cpu()
+                    except ValueError as exc:
+                        outputs[key] = f"refused: {exc}"
+    torch.save(outputs, path)
+    print(f"{len(outputs)} cases, {sum(isinstance(o, str) for o in outputs.values())} refused -> {path}")
+    return 0
+
+
+def same_bits(base: Path, new: Path) -> int:
+    """Case by case, whether two ``outputs`` files hold the same bits, and how far apart if not."""
+    import torch
+
+    a, b = torch.load(base), torch.load(new)
+    if a.keys() != b.keys():
+        print("the two files hold different cases")
+        return 1
+    same = 0
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, str) or isinstance(y, str):
+            print(f"{key}: {x if x == y else f'{x!r} / {y!r}'}")
+            continue
+        bits_x, bits_y = x.view(torch.int16), y.view(torch.int16)
+        differ = bits_x != bits_y
+        if not differ.any():
+            same += 1
+            continue
+        ulps = (bits_x.int() - bits_y.int()).abs()[differ]
+        print(f"{key}: {int(differ.sum())} of {x.numel()} elements differ, by {int(ulps.max())} bf16 ulp at most")
+    print(f"bit-identical: {same} of {sum(not isinstance(o, str) for o in a.values())} cases that ran")
+    return 0
+
+
 def compare(path: Path, base: str, new: str, md: Path | None) -> int:
     best = defaultdict(dict)
     runs = defaultdict(list)  # (key, label): each process's time of the point
@@ -282,6 +369,11 @@ def main(argv=None) -> int:
                    help="sequence counts to time (default 1,8)")
     r.add_argument("--label", help="recorded on every line")
     r.add_argument("--pad", type=int, default=0, help="empty requests appended to each batch (CUDA-graph padding)")
+    o = sub.add_parser("outputs")
+    o.add_argument("path", type=Path)
+    sb = sub.add_parser("same-bits")
+    sb.add_argument("base", type=Path)
+    sb.add_argument("new", type=Path)
     c = sub.add_parser("compare")
     c.add_argument("jsonl", type=Path)
     c.add_argument("--base", default="base")
@@ -293,6 +385,10 @@ def main(argv=None) -> int:
                            args.decode, args.ring)
     if args.cmd == "reduce-cost":
         return reduce_cost(args.out, args.kernel_src, seqs_of=args.seqs, label=args.label, pad=args.pad)
+    if args.cmd == "outputs":
+        return save_outputs(args.path)
+    if args.cmd == "same-bits":
+        return same_bits(args.base, args.new)
     return compare(args.jsonl, args.base, args.new, args.md)
 
 
