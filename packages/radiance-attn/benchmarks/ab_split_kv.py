@@ -185,6 +185,8 @@ def reduce_cost(out: Path, kernel_src: str, reps: int = 3, seqs_of: tuple[int, .
                 shipped(**rs[0])  # one call: the launch the wrapper decides on (it is timed below)
                 c = shipped.last_decision[1]
                 if c is None or c.kernel != "radiance":  # vLLM's own reduce: not this kernel's
+                    print(f"{k.name:14s} {ctx:6d} x {seqs} w{w}: skipped, the shipped launch is "
+                          f"{'stock' if c is None else c.describe()}", flush=True)
                     continue
                 fns = [lambda kw=kw: shipped.launch(kw, c) for kw in rs]
                 times = defaultdict(list)

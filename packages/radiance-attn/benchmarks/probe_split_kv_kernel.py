@@ -251,18 +251,11 @@ def cuda_probe(args, classes, out: Path, t0: float) -> None:
 
 def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
     """Each point's fastest CUDA launch over the shipped launch, by class; below 1: the CUDA pass wins."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        print(f"no plot: matplotlib not importable ({exc})")
+    plt = tune.pyplot()
+    if plt is None:
         return
-    classes = list(dict.fromkeys(r["class"] for r in rows))
-    fig, axes = plt.subplots(1, len(classes), figsize=(4 * len(classes), 3.6), sharey=True, squeeze=False)
-    for ax, name in zip(axes[0], classes):
-        mine = [r for r in rows if r["class"] == name]
+    fig, panels = tune.class_panels(plt, rows)
+    for ax, name, mine in panels:
         for width, marker in zip(sorted({r["width"] for r in mine}), "os^Dv"):
             pts = [r for r in mine if r["width"] == width]
             ax.scatter([f"{r['ctx'] // 1024}K x{r['seqs']}" for r in pts], [r["best_us"] / r["shipped_us"] for r in pts],
@@ -270,8 +263,8 @@ def cuda_plot(rows: list[dict], gpu: str, path: Path) -> None:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(name, fontsize=9)
         ax.tick_params(axis="x", labelsize=7, rotation=45)
-    axes[0][0].set_ylabel("CUDA pass / shipped (time)")
-    axes[0][0].legend(fontsize=7)
+    panels[0][0].set_ylabel("CUDA pass / shipped (time)")
+    panels[0][0].legend(fontsize=7)
     form = "warpgroup form" if any(r["best"].startswith("wg_") for r in rows) else "mma.sync warps"
     fig.suptitle(f"split-KV partial pass: CUDA ({form}) vs shipped, {gpu}", fontsize=10)
     fig.tight_layout()

@@ -236,3 +236,51 @@ def test_cuda_partial_smem_arithmetic_matches_the_library():
         if split_kv_attention.warpgroup_launch_refusal(head, kv, qd, n_tiles, st) is not None:
             want = 0
         assert lib.split_kv_warpgroup_smem(head, mode, n_tiles, st) == want
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("partial_pass, width", [("triton", 1), ("triton", 4), ("cuda_warpgroup", 1),
+                                                 ("cuda_warpgroup", 4)])
+def test_a_launch_captured_at_one_key_replays_at_any_context(kv, partial_pass, width):
+    """vLLM captures a decode or verify step into a CUDA graph from sequences of one key each and
+    replays it at every context (graph_capture.py): a 128-segment launch (what the policy names
+    for the longest context) captured that way, replayed at 5000, 37 and 2051 keys and padded by
+    two rows, against float64; the segments past a sequence's tiles hold no keys."""
+    head, q_heads, kv_heads = 256, 16, 2
+    if partial_pass == "cuda_warpgroup":
+        from radiance.kernels import split_kv_attention
+
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("warpgroup MMAs need sm_90")
+        n_tiles = next(n for n in split_kv_attention.WARPGROUP_COLUMNS if 8 * n >= width * q_heads // kv_heads)
+        launch = policy.TritonLaunch(128, 8 * n_tiles, width, 64, 4, 2, "t", kernel="radiance",
+                                     partial_pass=partial_pass)
+    else:
+        launch = policy.TritonLaunch(128, max(16, width * 8), width, 64, 4, 2, "t", kernel="radiance")
+        assert split_kv_kernel.launch_refusal(launch, "bf16", kv, q_heads // kv_heads) is None
+    q, k, v, cu, lens, bt, ks, vs, k_scale, v_scale = _inputs(kv, head, q_heads, kv_heads, width, 1.0, 11 + width)
+    tokens = q.shape[0]
+    q = torch.cat([q, q[:2]])
+    units = q.shape[0] * q_heads * launch.num_segments
+    part = (torch.full((units * head,), float("nan"), device=q.device),
+            torch.full((units,), float("nan"), device=q.device), torch.full((units,), float("nan"), device=q.device))
+    out = torch.full_like(q, float("nan"))
+    real_lens = lens.clone()
+    lens.fill_(width)  # the capture's sequences: their own query tokens, no context
+    run = lambda: split_kv_kernel.launch(q, k, v, out, cu, lens, bt, width, head**-0.5, k_scale, v_scale,  # noqa: E731
+                                         launch, *part)
+    run()  # builds outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    lens.copy_(real_lens)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out[tokens:].isnan().all()  # padding rows are left as they were
+    ref = reference.unified_attention(q[:tokens], k, v, cu, lens, bt, head**-0.5, ks, vs, dtype=torch.float64)
+    got = out[:tokens]
+    assert torch.isfinite(got).all()
+    ulps = ((got.double() - ref).abs().amax(-1) / (2.0**-7 * ref.abs().amax(-1))).max().item()
+    assert ulps <= 1.5, ulps

@@ -4,11 +4,12 @@ import dataclasses
 import importlib
 import json
 import logging
+import types
 
 import pytest
 import torch
 
-from radiance.attn import policy, tables, triton_launch, vllm_patches
+from radiance.attn import graph_capture, policy, tables, triton_launch, vllm_patches
 
 triton_attn = pytest.importorskip("vllm.v1.attention.backends.triton_attn")
 
@@ -177,6 +178,63 @@ def test_decisions_are_kept_per_geometry(kernel_module, monkeypatch):
     for n in range(triton_launch._MAX_CACHED_DECISIONS + 5):  # growing contexts stay bounded
         r.decide(_call_kwargs(max_seqlen_k=1000 + n))
     assert len(r._launches) <= triton_launch._MAX_CACHED_DECISIONS
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """Calls decided as if a CUDA graph were being captured; no max_model_len recorded yet."""
+    monkeypatch.setattr(graph_capture, "capturing", lambda device: True)
+    monkeypatch.setattr(graph_capture, "_max_model_len", None)
+
+
+def test_a_captured_launch_is_chosen_for_max_model_len(kernel_module, capture):
+    # vLLM captures decode with one-key sequences: chosen for them, the split rule would take its
+    # short-context split and every replay at a long context would run it
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    graph_capture.note_max_model_len(32768)
+    geo, launch, reason = r.decide(_call_kwargs(max_seqlen_k=4))
+    assert geo.max_seqlen_k == 32768
+    assert reason.endswith("; chosen during CUDA-graph capture for max_model_len 32768")
+    assert launch.num_segments > policy.triton_launch(dataclasses.replace(geo, max_seqlen_k=4)).num_segments
+    assert launch == _policys_launch_here(geo, launch.reason)
+    # a capture longer than max_model_len keeps its own
+    assert r.decide(_call_kwargs(max_seqlen_k=40000))[0].max_seqlen_k == 40000
+
+
+def test_a_capture_without_max_model_len_says_so_once(kernel_module, capture, caplog):
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    with caplog.at_level(logging.WARNING, logger="vllm.radiance.attn"):
+        for _ in range(3):
+            geo, launch, reason = r.decide(_call_kwargs(max_seqlen_k=4))
+    assert geo.max_seqlen_k == 4 and reason.endswith("for the capture's context")
+    assert sum("no max_model_len recorded" in m for m in caplog.messages) == 1
+
+
+def test_calls_outside_a_capture_keep_their_context(kernel_module, monkeypatch):
+    monkeypatch.setattr(graph_capture, "_max_model_len", 32768)
+    r = triton_launch.RadianceUnifiedAttention(kernel_module, arch="sm_90", num_sms=132)
+    geo, launch, reason = r.decide(_call_kwargs(max_seqlen_k=4))
+    assert geo.max_seqlen_k == 4 and "capture" not in reason
+    assert not graph_capture.capturing(torch.device("cpu"))
+
+
+def test_the_metadata_builder_records_max_model_len(monkeypatch, caplog):
+    class Builder:  # the hook wraps whatever __init__ the backend's builder has
+        def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+            self.config = vllm_config
+
+    backend = types.SimpleNamespace(TritonAttentionMetadataBuilder=Builder)
+    monkeypatch.setattr(graph_capture, "_max_model_len", None)
+    monkeypatch.setattr(vllm_patches, "_enlarge_scratch", lambda builder, config: None)
+    vllm_patches._patch_builder(backend)
+    Builder(None, [], types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=40960)), "cpu")
+    assert graph_capture.max_model_len() == 40960
+    with caplog.at_level(logging.WARNING, logger="vllm.radiance.attn"):
+        built = Builder(None, [], types.SimpleNamespace(), "cpu")  # no model config: warned, still built
+    assert built.config is not None and graph_capture.max_model_len() == 40960
+    assert any("no max_model_len" in m for m in caplog.messages)
+    with pytest.raises(ValueError, match="positive"):
+        graph_capture.note_max_model_len(0)
 
 
 def test_unchunked_calls_are_radiances(kernel_module):

@@ -194,29 +194,36 @@ if triton is not None:
     ):
         # One program a (token, head, D_CHUNK columns). Every partial pass stores every segment of
         # a real token's rows, "no keys" ones as max -inf and sum 0 (their outputs unstored), so
-        # nothing here waits on the sequence's lengths: the token count, every segment's max, sum
-        # and slice are requested at once, one memory round trip however many segments there are,
-        # and no load follows a reduction. Fused into the warpgroup pass (a group's last blocks
-        # combining its segments) the reduce measured level with this kernel (split_kv_kernel.md,
-        # section 18): the round trips stay, only the launch goes.
+        # nothing here waits on the sequence's lengths: two memory round trips however many
+        # segments there are, the token count with every segment's max and sum, then the output
+        # slices of the segments that hold keys of a real row. Requesting every slice with the
+        # rest (one trip) measured level on unpadded batches, but a query row past the batch's
+        # tokens (a batch padded to a captured CUDA-graph size) then loads a real row's worth of
+        # stale partials (1.2-3.8 µs more a launch at one sequence padded by seven), as does each
+        # empty segment of a launch chosen for a longer context than it runs at (one captured
+        # into a graph: graph_capture.py); split_kv_kernel.md, section 22. Fused into
+        # the warpgroup pass (a group's last blocks combining its segments) the reduce measured
+        # level with this kernel (section 18): the round trips stay, only the launch goes.
         token = tl.program_id(0)
         head = tl.program_id(1)
-        real_tokens = tl.load(cu_q_ptr + num_seqs)  # tokens past these pad the batch: nothing stored
+        real_tokens = tl.load(cu_q_ptr + num_seqs)
         unit0 = (token * num_q_heads + head) * NUM_SEGMENTS
         segs = tl.arange(0, NUM_SEGMENTS)
         d = tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
         maxes = tl.load(part_max_ptr + unit0 + segs)
         sums = tl.load(part_sum_ptr + unit0 + segs)
-        part = tl.load(part_out_ptr + (unit0 + segs)[:, None] * HEAD_P + d[None, :])
         # A segment holds keys this row sees unless its max is -inf; a NaN max (NaN inputs) counts,
         # so NaN reaches the output as in the reference. The others' outputs were never stored.
         ok = maxes != float("-inf")
+        cols = tl.where(token < real_tokens, HEAD, 0)  # a padding row: nothing loaded, nothing stored
+        part = tl.load(part_out_ptr + (unit0 + segs)[:, None] * HEAD_P + d[None, :],
+                       mask=ok[:, None] & (d[None, :] < cols), other=0.0)
         top = tl.max(maxes, axis=0)
         weights = tl.where(ok, tl.math.exp2(maxes - top), 0.0)
         total = tl.sum(weights * tl.where(ok, sums, 0.0), axis=0)
-        out = tl.sum(tl.where(ok[:, None], part, 0.0) * weights[:, None], axis=0) / total
-        tl.store(out_ptr + token * out_stride_t + head * out_stride_h + d,
-                 out.to(out_ptr.dtype.element_ty), mask=d < tl.where(token < real_tokens, HEAD, 0))
+        out = tl.sum(part * weights[:, None], axis=0) / total
+        tl.store(out_ptr + token * out_stride_t + head * out_stride_h + d, out.to(out_ptr.dtype.element_ty),
+                 mask=d < cols)
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,7 +25,7 @@ import threading
 from dataclasses import replace
 from typing import Callable
 
-from radiance.attn import policy, split_kv_kernel, tables
+from radiance.attn import graph_capture, policy, split_kv_kernel, tables
 from radiance.attn.warn_once import warn_once
 
 logger = logging.getLogger("vllm.radiance.attn")
@@ -223,6 +223,16 @@ class RadianceUnifiedAttention:
             scratch = units * head_padded * 4
         if scratch == 0:
             return None, None, "stock: no segment scratch"
+        max_seqlen_k, capture_note = int(kw["max_seqlen_k"]), ""
+        if graph_capture.capturing(q.device):  # the launch is replayed at every context: graph_capture.py
+            bound = graph_capture.max_model_len()
+            if bound is None:
+                warn_once(self._warned, self._lock, "a CUDA graph is captured with no max_model_len recorded "
+                          "(vLLM's Triton metadata builder records it): launches are chosen for the capture's context")
+                capture_note = "; chosen during CUDA-graph capture for the capture's context"
+            else:
+                max_seqlen_k = max(max_seqlen_k, bound)
+                capture_note = f"; chosen during CUDA-graph capture for max_model_len {bound}"
         geo = policy.Geometry(
             arch=arch,
             head_size=int(q.shape[2]),
@@ -231,7 +241,7 @@ class RadianceUnifiedAttention:
             num_tokens=int(q.shape[0]),
             num_seqs=int(seqused_k.shape[0]),
             max_seqlen_q=int(kw["max_seqlen_q"]),
-            max_seqlen_k=int(kw["max_seqlen_k"]),
+            max_seqlen_k=max_seqlen_k,
             q_dtype=dtype_name(q.dtype),
             kv_dtype=dtype_name(k.dtype),
             block_size=int(kw["v"].shape[1]),
@@ -254,12 +264,12 @@ class RadianceUnifiedAttention:
                 self._launches.clear()  # contexts grow every step: keep the map bounded
             self._launches[geo] = launch
         if launch is None:
-            return geo, None, "stock: policy keeps the stock launch"
+            return geo, None, "stock: policy keeps the stock launch" + capture_note
         if self._unbuildable:  # empty unless a build failed: no key to make on the hot path
             why = self._unbuildable.get(_build_key(geo, launch))
             if why is not None:
                 return geo, None, f"stock: {launch.describe()} does not build here ({why})"
-        return geo, launch, launch.reason
+        return geo, launch, launch.reason + capture_note
 
     # -- the call ------------------------------------------------------------------------------
 

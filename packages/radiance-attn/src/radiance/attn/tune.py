@@ -44,7 +44,7 @@ from radiance.attn.triton_launch import RadianceUnifiedAttention, build_errors, 
 COPY_BW = 4.25e12  # bytes/s, H200 copy rate measured here
 L2_ROTATE_BYTES = 160 << 20  # rotate KV through > 3x the H200's 50 MB L2 where the size allows
 SEGMENTS = (1, 4, 8, 16, 32, 64, 128)
-# radiance's kernel reduces each row's segments in one memory round trip (split_kv_kernel.py), so
+# radiance's kernel reduces each row's segments in two memory round trips whatever their count (split_kv_kernel.py), so
 # its sweep goes one power of two further.
 RADIANCE_SEGMENTS = (4, 8, 16, 32, 64, 128, 256)
 # Launch shapes (KV tile, warps, software-pipeline stages, kernel) swept with each split count.
@@ -268,6 +268,26 @@ class Bench:
     def radiance_kwargs(self, kw: dict) -> dict:
         return dict(kw, seq_threshold_3D=0, num_par_softmax_segments=16, softmax_segm_output=self.segm_out,
                     softmax_segm_max=self.segm_max, softmax_segm_expsum=self.segm_sum)
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or None (said) where matplotlib is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        print(f"no plot: matplotlib not importable ({exc})")
+        return None
+    return plt
+
+
+def class_panels(plt, rows: list[dict]):
+    """One panel a class, side by side, y shared: (figure, [(axes, class name, the class's rows)])."""
+    classes = list(dict.fromkeys(r["class"] for r in rows))
+    fig, axes = plt.subplots(1, len(classes), figsize=(4 * len(classes), 3.6), sharey=True, squeeze=False)
+    return fig, [(ax, name, [r for r in rows if r["class"] == name]) for ax, name in zip(axes[0], classes)]
 
 
 def time_graph(fns, reps: int = 10) -> float:
@@ -881,12 +901,8 @@ def write_results(out: Path, points, meta, fits, table_path, elapsed, skipped) -
                      f"{'yes' if p['exact_within_bf16'] else 'NO'} | {p.get('row_ulps_max', float('nan')):.2f} | "
                      f"{p['radiance']} |")
     (out / "bench_unified_attention.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(1, 2, figsize=(13, 5))
         for cls in sorted({p["class"] for p in points}):
             ps = [p for p in points if p["class"] == cls]
@@ -902,8 +918,6 @@ def write_results(out: Path, points, meta, fits, table_path, elapsed, skipped) -
         fig.suptitle(f"{meta['gpu']}: vLLM unified attention, stock vs radiance")
         fig.tight_layout()
         fig.savefig(out / "bench_unified_attention.png", dpi=110)
-    except ImportError as exc:
-        print(f"no plot: matplotlib not importable ({exc})")
     print()
     print(f"{'class':14s} {'ctx':>6s} {'seqs':>4s} {'w':>2s} {'stock':>9s} {'radiance':>9s} {'x':>6s} {'/floor':>7s}")
     for p in points:

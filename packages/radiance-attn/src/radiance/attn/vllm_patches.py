@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 
-from radiance.attn import policy, tables
+from radiance.attn import graph_capture, policy, tables
 from radiance.attn.triton_launch import RadianceUnifiedAttention, kernel_mismatch
 
 logger = logging.getLogger("vllm.radiance.attn")
@@ -160,7 +160,10 @@ def _patch_builder(backend) -> str:
          ``max_num_seqs`` (at most the table's ``max_seqs``) x (1 + speculative tokens) query
          tokens x the table's largest split, the partial-output tensor within
          RADIANCE_ATTN_SCRATCH_MIB (rounded up to a whole row; never smaller than stock's).
-    Remove when: the backend sizes its scratch for split verify batches itself.
+         It also records the model's ``max_model_len``: launches chosen while a CUDA graph is
+         captured are chosen for it (``graph_capture.py``).
+    Remove when: the backend sizes its scratch for split verify batches itself (the record of
+         max_model_len stays while vLLM captures attention with one-token dummy sequences).
     """
     cls = getattr(backend, "TritonAttentionMetadataBuilder", None)
     if cls is None:
@@ -171,6 +174,11 @@ def _patch_builder(backend) -> str:
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs):
         orig(self, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs)
+        try:
+            graph_capture.note_max_model_len(vllm_config.model_config.max_model_len)
+        except (AttributeError, TypeError, ValueError) as exc:
+            logger.warning("radiance-attn: no max_model_len in vLLM's config (%s: %s); launches captured into "
+                           "CUDA graphs are chosen for the capture's context", type(exc).__name__, exc)
         try:
             _enlarge_scratch(self, vllm_config)
         except Exception as exc:  # noqa: BLE001 - keep the stock scratch, the policy clamps to it
