@@ -216,7 +216,9 @@ def _outputs_launch(partial_pass: str, segments: int, width: int, group: int) ->
     """A launch of ``partial_pass`` at ``segments`` that covers ``width`` tokens of ``group`` heads."""
     rows = width * group
     if partial_pass == "cuda_warpgroup":  # the MMA's N: 8 x n_tiles columns
-        n_tiles = next(n for n in (2, 4, 5, 6, 9) if 8 * n >= rows)
+        from radiance.kernels import split_kv_attention
+
+        n_tiles = next(n for n in split_kv_attention.WARPGROUP_COLUMNS if 8 * n >= rows)
         return policy.TritonLaunch(segments, 8 * n_tiles, width, 64, 4, 2, "t", kernel="radiance")
     if partial_pass == "cuda":  # row tiles of 16, two key warps of 16 keys
         return policy.TritonLaunch(segments, 16 * -(-rows // 16), width, 32, 2, 2, "t", kernel="radiance")

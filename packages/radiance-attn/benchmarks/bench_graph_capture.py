@@ -31,11 +31,6 @@ from radiance.attn.triton_launch import RadianceUnifiedAttention
 VARIANTS = ("capture_ctx", "max_model_len", "eager")
 
 
-def _ulps(got, want) -> float:
-    err = (got.float() - want.float()).abs().amax(-1)
-    return (err / (2.0**-7 * want.float().abs().amax(-1).clamp_min(1e-30))).max().item()
-
-
 def run(kernel_src: str, out: Path, max_model_len: int, ctxs, seqs_of, widths) -> list[dict]:
     import torch
 
@@ -74,7 +69,7 @@ def run(kernel_src: str, out: Path, max_model_len: int, ctxs, seqs_of, widths) -
                         row[f"{variant}_us"] = tune.time_graph(fns)
                         launch = r.last_decision[1] if r.last_decision else None
                         row[f"{variant}_launch"] = launch.describe() if launch is not None else "stock"
-                        row[f"{variant}_ulps"] = _ulps(sets[0]["out"], want)
+                        row[f"{variant}_ulps"] = tune.row_ulps(sets[0]["out"], want)
                     graph_capture.note_max_model_len(None)
                     rows.append(row)
                     print(f"{k.name:14s} {ctx:6d} x {seqs} w{width}: stock {row['stock_us']:7.1f}  " + "  ".join(

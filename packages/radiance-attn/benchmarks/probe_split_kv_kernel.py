@@ -239,7 +239,7 @@ def cuda_probe(args, classes, out: Path, t0: float) -> None:
         rows.append({"class": k.name, "ctx": ctx, "seqs": seqs, "width": width, "floor_us": floor, "stock_us": stock,
                      "shipped": launch.describe() if launch else "stock", "shipped_us": times["shipped"],
                      "best": best, "best_us": times[best],
-                     "ulps_vs_ref": {"shipped": row_ulps(o_ship, ref), "cuda": row_ulps(o_cuda, ref)}, "times": times})
+                     "ulps_vs_ref": {"shipped": tune.row_ulps(o_ship, ref), "cuda": tune.row_ulps(o_cuda, ref)}, "times": times})
         print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} shipped {times['shipped']:.1f} "
               f"({times['shipped'] / floor:.2f}x) cuda {times[best]:.1f} ({times[best] / floor:.2f}x, {best}) "
               f"ulps shipped {rows[-1]['ulps_vs_ref']['shipped']:.2f} cuda {rows[-1]['ulps_vs_ref']['cuda']:.2f}",
@@ -471,11 +471,6 @@ def _build_all(items, jobs: int, t0: float) -> dict:
     return failed
 
 
-def row_ulps(out, ref) -> float:
-    err = (out.float() - ref).abs().amax(-1)
-    return (err / (2.0**-7 * ref.abs().amax(-1).clamp_min(1e-6))).max().item()
-
-
 def main(argv=None) -> int:
     ap = tune.probe_parser(__doc__, 300.0)
     ap.add_argument("--v-ab", action="store_true", help="only the fp8 V conversion A/B")
@@ -546,8 +541,8 @@ def main(argv=None) -> int:
                "stock_us": stock, "shipped_us": shipped_us,
                "shipped": shipped_launch.describe() if shipped_launch else "stock",
                "best": best, "best_us": cands[best][0],
-               "ulps_vs_ref": {"stock": row_ulps(o_stock, ref), "shipped": row_ulps(o_ship, ref),
-                               "radiance": row_ulps(o_rad, ref)},
+               "ulps_vs_ref": {"stock": tune.row_ulps(o_stock, ref), "shipped": tune.row_ulps(o_ship, ref),
+                               "radiance": tune.row_ulps(o_rad, ref)},
                "candidates": {kk: v[0] for kk, v in cands.items()}}
         results.append(rec)
         print(f"{k.name} ctx={ctx} seqs={seqs} w={width}: floor {floor:.1f} stock {stock:.1f} shipped "

@@ -346,3 +346,15 @@ def test_extending_with_retime_times_the_matching_candidates_again(monkeypatch):
     assert wg and set(p["extended"]) == wg | {old_best}
     assert all(p["candidates"][key] == 5.0 for key in wg)
     assert all(p["candidates"][key] == t for key, t in before.items() if key not in wg | {old_best})
+
+
+def test_row_ulps_measures_each_row_against_its_own_scale():
+    torch = pytest.importorskip("torch")
+    ref = torch.tensor([[[1.0, -0.5], [0.001, 0.0005]]], dtype=torch.bfloat16)  # (token, head, dim)
+    assert tune.row_ulps(ref, ref) == 0.0
+    out = ref.clone()
+    out[0, 0, 1] += 2.0**-7  # one ulp of the first row's largest value (1.0)
+    assert tune.row_ulps(out, ref) == pytest.approx(1.0)
+    out = ref.clone()
+    out[0, 1, 0] += 0.001  # a small row off by its own size: ~128 ulps of its scale, not 0.13 of 1.0
+    assert tune.row_ulps(out, ref) == pytest.approx(128.0, rel=0.01)

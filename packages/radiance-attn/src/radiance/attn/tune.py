@@ -290,6 +290,13 @@ def class_panels(plt, rows: list[dict]):
     return fig, [(ax, name, [r for r in rows if r["class"] == name]) for ax, name in zip(axes[0], classes)]
 
 
+def row_ulps(out, ref) -> float:
+    """The largest difference of any output row (token, head) from ``ref``'s, in bf16 ulps of that
+    row's own largest value in ``ref``: a small row cannot hide behind a large one."""
+    err = (out.float() - ref.float()).abs().amax(-1)
+    return (err / (2.0**-7 * ref.float().abs().amax(-1).clamp_min(1e-6))).max().item()
+
+
 def time_graph(fns, reps: int = 10) -> float:
     """Median microseconds per call of ``fns`` (one call each, in order) from CUDA-graph replays."""
     torch = _torch()
@@ -863,10 +870,7 @@ def main(argv=None) -> int:
         # bf16 rounding of the output: half an ulp at the output's magnitude is 2^-9 relative;
         # two differently-ordered fp32 sums may round to neighbouring bf16 values, so allow 2 ulps.
         p["exact_within_bf16"] = diff <= 2 * 2.0**-7 * max(scale, 1e-6)
-        # The same measure per output row (token, head): each row's largest difference in ulps of
-        # that row's own largest value, so a small row cannot hide behind a large one.
-        row_scale = s_out.float().abs().amax(-1).clamp_min(1e-6)
-        p["row_ulps_max"] = (err.amax(-1) / (2.0**-7 * row_scale)).max().item()
+        p["row_ulps_max"] = row_ulps(r_out, s_out)
         p["vs_stock"] = p["stock_us"] / p["radiance_us"]
         p["vs_floor"] = p["radiance_us"] / p["floor_us"]
     write_results(out, points, meta, fits, table_path, time.time() - t_start, skipped)
@@ -878,12 +882,12 @@ def write_results(out: Path, points, meta, fits, table_path, elapsed, skipped) -
     within2 = sum(p["vs_floor"] <= 2.0 for p in long_ctx)
     slower = [p for p in points if p["radiance_us"] > 1.03 * p["stock_us"]]
     inexact = [p for p in points if not p["exact_within_bf16"]]
-    row_ulps = [p["row_ulps_max"] for p in points if "row_ulps_max" in p]
+    rows_ulps = [p["row_ulps_max"] for p in points if "row_ulps_max" in p]
     summary = {"points": len(points), "not_measured_budget": skipped, "elapsed_s": round(elapsed, 1),
                "ctx_ge_32k_within_2x_floor": f"{within2}/{len(long_ctx)}",
                "slower_than_stock_by_3pct": len(slower), "not_exact_within_bf16": len(inexact),
-               "worst_row_ulps": round(max(row_ulps), 3) if row_ulps else None,
-               "points_any_row_over_2_ulps": sum(u > 2 for u in row_ulps),
+               "worst_row_ulps": round(max(rows_ulps), 3) if rows_ulps else None,
+               "points_any_row_over_2_ulps": sum(u > 2 for u in rows_ulps),
                "fits": fits, "table": str(Path(table_path).relative_to(out))}
     (out / "bench_unified_attention.json").write_text(json.dumps({"meta": meta, "summary": summary, "points": points}, indent=1) + "\n")
     lines = [f"# vLLM Triton unified attention: stock vs radiance on {meta['gpu']} ({meta['arch']})", "",
